@@ -1,0 +1,104 @@
+"""``RolloutGroup``: which rows of a trajectory belong to which logical rollout."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import attrs
+
+from ._errors import WorkflowContractError
+
+__all__ = ["RolloutGroup", "as_reward_scalar"]
+
+
+def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
+    """``value`` as a Python float, if it is one finite real scalar.
+
+    Accepts Python and NumPy reals and 0-d (or one-element 1-d) tensors and arrays;
+    rejects bools, NaN, infinities and anything else with :class:`WorkflowContractError`.
+    """
+    if isinstance(value, bool) or (hasattr(value, "dtype") and str(value.dtype) == "bool"):
+        raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
+    if hasattr(value, "ndim") and hasattr(value, "item"):  # torch tensor or numpy array/scalar
+        if value.ndim != 0:
+            raise WorkflowContractError(
+                f"{what}: must be a scalar (0-d), got an array of shape {tuple(value.shape)}"
+            )
+        value = value.item()
+        if isinstance(value, bool):
+            raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
+    if not isinstance(value, numbers.Real):
+        raise WorkflowContractError(
+            f"{what}: must be a finite real number, got {type(value).__name__} {value!r}"
+        )
+    out = float(value)
+    if not math.isfinite(out):
+        raise WorkflowContractError(f"{what}: rollout_reward must be finite, got {out!r}")
+    return out
+
+
+def _row_counts(value: Any) -> tuple[int, ...]:
+    try:
+        counts = tuple(value)
+    except TypeError:
+        raise WorkflowContractError(
+            f"RolloutGroup.row_counts: rollout row_counts must be positive integers, got {value!r}"
+        ) from None
+    if not counts or any(
+        isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1 for c in counts
+    ):
+        raise WorkflowContractError(
+            f"RolloutGroup.row_counts: rollout row_counts must be positive integers, got {list(counts)!r}"
+        )
+    return tuple(int(c) for c in counts)
+
+
+@attrs.frozen
+class RolloutGroup:
+    """Row counts (and optional reward references) of the logical rollouts in a trajectory.
+
+    One logical rollout is one workflow call; it may export several rows.
+    ``row_counts[k]`` is the number of rows of rollout ``k`` (rows are contiguous, in
+    order) and ``rewards[k]`` its reference reward or ``None``. An empty ``rewards``
+    means no references.
+    """
+
+    row_counts: tuple[int, ...] = attrs.field(converter=_row_counts)
+    rewards: tuple[float | None, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        rewards = self.rewards or (None,) * len(self.row_counts)
+        if len(rewards) != len(self.row_counts):
+            raise WorkflowContractError(
+                f"RolloutGroup.rewards: rollout rewards must match row_counts "
+                f"({len(self.row_counts)} rollouts), got {len(rewards)} rewards"
+            )
+        rewards = tuple(
+            None if r is None else as_reward_scalar(r, what=f"RolloutGroup.rewards[{k}]")
+            for k, r in enumerate(rewards)
+        )
+        object.__setattr__(self, "rewards", rewards)
+
+    @property
+    def n_rollouts(self) -> int:
+        """Number of logical rollouts."""
+        return len(self.row_counts)
+
+    @property
+    def n_rows(self) -> int:
+        """Total number of rows."""
+        return sum(self.row_counts)
+
+    def validate_rows(self, rows: int) -> RolloutGroup:
+        """Return ``self`` if the row counts add up to ``rows``, else raise."""
+        if self.n_rows != rows:
+            raise WorkflowContractError(
+                f"rollout_group: rollout row_counts sum to {self.n_rows}, expected {rows} (the trajectory's rows)"
+            )
+        return self
+
+    def member_index(self) -> list[int]:
+        """For each row, the index of the logical rollout it belongs to."""
+        return [k for k, c in enumerate(self.row_counts) for _ in range(c)]
