@@ -1,6 +1,15 @@
-"""rollout_trio: training-trajectory generation for LLM RL on Trio's structured concurrency."""
+"""rollout_trio: training-trajectory generation for LLM RL on Trio's structured concurrency.
 
+Workflows are plain ``async def workflow(engine, data)`` functions (or classes with
+``arun_episode``) that return a :class:`Trajectory`, a plain tensor dict, a dict of
+:class:`Interaction` objects, or ``None`` to reject the rollout.
+"""
+
+from . import workflow_context as workflow_context
 from ._config import GenerationConfig as GenerationConfig
+from ._convert import converter as converter
+from ._convert import from_json as from_json
+from ._convert import to_json as to_json
 from ._errors import EngineConnectError as EngineConnectError
 from ._errors import EngineError as EngineError
 from ._errors import EngineProtocolError as EngineProtocolError
@@ -10,6 +19,21 @@ from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
+from ._interaction import Interaction as Interaction
+from ._interaction import interactions_to_trajectory as interactions_to_trajectory
 from ._io import ModelRequest as ModelRequest
 from ._io import ModelResponse as ModelResponse
+from ._padding import concat_trajectories as concat_trajectories
+from ._padding import split_trajectories as split_trajectories
 from ._rollout_group import RolloutGroup as RolloutGroup
+from ._trajectory import Trajectory as Trajectory
+from ._trajectory import check_trajectory_format as check_trajectory_format
+from ._util import fixup_module_metadata as _fixup_module_metadata
+from ._workflow import AgentWorkflow as AgentWorkflow
+from ._workflow import RolloutWorkflow as RolloutWorkflow
+from ._workflow import resolve_workflow as resolve_workflow
+
+__version__ = "0.1.0"
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

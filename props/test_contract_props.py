@@ -1,0 +1,123 @@
+"""Properties of the trajectory contract: round-trips, padding and validation."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollout_trio import (
+    GenerationConfig,
+    ModelResponse,
+    Trajectory,
+    WorkflowContractError,
+    concat_trajectories,
+    converter,
+    from_json,
+    split_trajectories,
+    to_json,
+)
+from rollout_trio.testing import strategies as rst
+
+
+def assert_same_trajectory(a: Trajectory, b: Trajectory) -> None:
+    da, db = a.to_dict(), b.to_dict()
+    assert set(da) == set(db)
+    for key, va in da.items():
+        vb = db[key]
+        if isinstance(va, torch.Tensor):
+            assert va.dtype == vb.dtype and va.shape == vb.shape and torch.equal(va, vb), key
+        else:
+            assert va == vb, key
+
+
+@given(rst.trajectories())
+def test_to_dict_then_from_dict_is_the_identity(traj):
+    """Trajectory.from_dict(t.to_dict()) equals t, key by key, dtype and shape included."""
+    assert_same_trajectory(Trajectory.from_dict(traj.to_dict()), traj)
+
+
+@given(rst.trajectories())
+def test_json_round_trip_is_the_identity(traj):
+    """from_json(to_json(t)) equals t exactly, floats included."""
+    assert_same_trajectory(from_json(to_json(traj), Trajectory), traj)
+
+
+@given(rst.generation_configs())
+def test_generation_config_dict_round_trip_is_the_identity(g):
+    """Structuring the unstructured config gives back an equal config."""
+    assert converter.structure(converter.unstructure(g), GenerationConfig) == g
+
+
+@given(rst.model_responses())
+def test_model_response_json_round_trip_is_the_identity(resp):
+    """from_json(to_json(r)) == r for every valid response."""
+    assert from_json(to_json(resp), ModelResponse) == resp
+
+
+@given(rst.trajectory_groups())
+def test_concat_then_split_gives_back_the_originals(trajs):
+    """Splitting the joined batch by row counts and widths returns every original exactly."""
+    joined = concat_trajectories(trajs)
+    pieces = split_trajectories(joined, [t.batch_size for t in trajs], widths=[t.seqlen for t in trajs])
+    for piece, orig in zip(pieces, trajs):
+        assert torch.equal(piece.input_ids, orig.input_ids)
+        assert piece.logical_group() == orig.logical_group()
+        assert_same_trajectory(
+            Trajectory.from_dict({k: v for k, v in piece.to_dict().items() if k not in ("rollout_group", "rollout_reward")}),
+            Trajectory.from_dict({k: v for k, v in orig.to_dict().items() if k not in ("rollout_group", "rollout_reward")}),
+        )
+
+
+@given(rst.trajectory_groups())
+def test_padding_never_changes_values_inside_the_original_extents(trajs):
+    """Each original occupies its rows' top-left corner of the batch unchanged, and every
+    padded position holds its key's pad value (attention False, versions -1, else 0)."""
+    joined = concat_trajectories(trajs).to_dict()
+    start = 0
+    for t in trajs:
+        rows = slice(start, start + t.batch_size)
+        for key, value in t.to_dict().items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            got = joined[key][rows]
+            if value.ndim == 1:
+                assert torch.equal(got, value), key
+                continue
+            assert torch.equal(got[:, : value.shape[1]], value), key
+            pad = {"attention_mask": False, "versions": -1}.get(key, 0)
+            assert bool((got[:, value.shape[1] :] == pad).all()), key
+        start += t.batch_size
+    assert start == joined["input_ids"].shape[0]
+
+
+@given(rst.trajectory_groups())
+def test_row_counts_of_the_joined_group_sum_to_its_rows(trajs):
+    """The joined rollout_group has one entry per logical rollout of the inputs, summing to B."""
+    joined = concat_trajectories(trajs)
+    assert joined.rollout_group.n_rows == joined.batch_size
+    assert joined.rollout_group.n_rollouts == sum(t.logical_group().n_rollouts for t in trajs)
+
+
+@given(rst.trajectories())
+def test_validation_accepts_everything_the_strategies_generate(traj):
+    """Every generated trajectory passes validation again as a plain dict."""
+    Trajectory.from_dict(traj.to_dict())
+
+
+@given(rst.corrupted_trajectory_dicts())
+def test_validation_rejects_every_single_field_corruption(case):
+    """Breaking any one rule of a valid dict raises WorkflowContractError naming the key."""
+    desc, bad = case
+    key = desc.split()[0]
+    with pytest.raises(WorkflowContractError) as info:
+        Trajectory.from_dict(bad)
+    assert key.split("_")[0] in str(info.value) or key in str(info.value), (desc, str(info.value))
+
+
+@given(st.data())
+def test_from_response_rows_always_validate_and_mark_only_outputs(data):
+    """The single-turn row trains exactly the output tokens and stamps -1 on the prompt."""
+    resp = data.draw(rst.model_responses())
+    t = Trajectory.from_response(resp, data.draw(rst.rewards()))
+    assert int(t.loss_mask.sum()) == resp.output_len
+    assert bool((t.versions[t.loss_mask == 0] == -1).all())

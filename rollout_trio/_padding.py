@@ -1,0 +1,177 @@
+"""Joining trajectories into one batch (right-padded) and splitting them apart again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._errors import WorkflowContractError
+from ._rollout_group import RolloutGroup
+from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
+
+__all__ = ["concat_trajectories", "pad_to", "split_trajectories"]
+
+TrajectoryLike = Trajectory | Mapping[str, Any]
+
+
+def pad_to(tensor: torch.Tensor, shape: Sequence[int], value: Any) -> torch.Tensor:
+    """Right-pad every non-batch dimension of ``tensor`` up to ``shape[1:]`` with ``value``."""
+    if tuple(tensor.shape[1:]) == tuple(shape[1:]):
+        return tensor
+    out = torch.full((tensor.shape[0], *shape[1:]), value, dtype=tensor.dtype, device=tensor.device)
+    out[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return out
+
+
+def _as_trajectory(item: TrajectoryLike, i: int) -> Trajectory:
+    if isinstance(item, Trajectory):
+        return item
+    return Trajectory.from_dict(item, where=f"slot {i}: ")
+
+
+def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    out = []
+    for t in trajs:
+        d = t.to_dict()
+        d.pop("rollout_reward", None)
+        d.pop("rollout_group", None)
+        out.append(d)
+    return out
+
+
+def _concat_tensors(key: str, values: list[torch.Tensor]) -> torch.Tensor:
+    ndims = {v.ndim for v in values}
+    if len(ndims) != 1:
+        raise WorkflowContractError(f"{key!r}: dimension mismatch between slots; expected equal ndim, got {sorted(ndims)}")
+    dtype = values[0].dtype
+    for v in values[1:]:
+        dtype = torch.promote_types(dtype, v.dtype)
+    if values[0].ndim >= 2:
+        shape = [max(v.shape[d] for v in values) for d in range(values[0].ndim)]
+        pad = PAD_VALUES.get(key, 0)
+        values = [pad_to(v, shape, pad) for v in values]
+    return torch.cat([v.to(dtype) for v in values], dim=0)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # values whose == is not a bool (e.g. arrays) count as different
+        return a is b
+
+
+def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
+    """Join trajectories row-wise into one, right-padding every non-batch dimension.
+
+    Padding values: ``attention_mask`` False, ``versions`` -1, everything else 0.
+    Integer dtypes are promoted to the widest present. Lists are concatenated;
+    other values must be equal in every item. Each item stays (at least) one
+    logical rollout: the result's ``rollout_group`` lists every item's rollouts.
+
+    Raises:
+        WorkflowContractError: an empty list, differing key sets (naming the slot and
+            the keys), mixed ndim for a key, or differing non-tensor values.
+    """
+    if not items:
+        raise WorkflowContractError("concat_trajectories: needs at least one trajectory, got an empty list")
+    trajs = [_as_trajectory(item, i) for i, item in enumerate(items)]
+    dicts = _tensor_dicts(trajs)
+    keys = list(dicts[0])
+    for i, d in enumerate(dicts[1:], start=1):
+        if set(d) != set(keys):
+            missing = sorted(set(keys) - set(d))
+            extra = sorted(set(d) - set(keys))
+            raise WorkflowContractError(
+                f"slot {i}: has different keys than slot 0; expected {sorted(keys)}, "
+                f"got missing {missing} and extra {extra}"
+            )
+    merged: dict[str, Any] = {}
+    for key in keys:
+        values = [d[key] for d in dicts]
+        first = values[0]
+        if isinstance(first, torch.Tensor) and first.ndim >= 1:
+            if not all(isinstance(v, torch.Tensor) and v.ndim >= 1 for v in values):
+                raise WorkflowContractError(f"{key!r}: a tensor in slot 0 but not in every slot")
+            merged[key] = _concat_tensors(key, values)
+        elif isinstance(first, list):
+            if not all(isinstance(v, list) for v in values):
+                raise WorkflowContractError(f"{key!r}: a list in slot 0 but not in every slot")
+            merged[key] = [x for v in values for x in v]
+        else:
+            for i, v in enumerate(values[1:], start=1):
+                if not _same(first, v):
+                    raise WorkflowContractError(
+                        f"{key!r}: non-tensor values must be equal in every slot; slot 0 has {first!r}, slot {i} has {v!r}"
+                    )
+            merged[key] = first
+    groups = [t.logical_group() for t in trajs]
+    merged["rollout_group"] = RolloutGroup(
+        tuple(c for g in groups for c in g.row_counts), tuple(r for g in groups for r in g.rewards)
+    )
+    return Trajectory.from_dict(merged)
+
+
+def split_trajectories(
+    traj: Trajectory,
+    row_counts: Sequence[int],
+    *,
+    widths: Sequence[int] | None = None,
+) -> list[Trajectory]:
+    """Split ``traj`` row-wise into pieces of ``row_counts`` rows: the inverse of concatenation.
+
+    Each piece is trimmed to ``widths[i]`` positions along dimension 1 (every tensor
+    whose dimension 1 is the batch's padded width); without ``widths``, to the last
+    position any of its rows attends to. Logical rollouts are split with the rows;
+    a boundary inside a rollout raises :class:`WorkflowContractError`.
+    """
+    counts = list(row_counts)
+    if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):
+        raise WorkflowContractError(f"row_counts: must be positive integers; got {counts!r}")
+    if sum(counts) != traj.batch_size:
+        raise WorkflowContractError(f"row_counts: must sum to the rows; expected {traj.batch_size}, got {sum(counts)}")
+    if widths is not None and len(widths) != len(counts):
+        raise WorkflowContractError(f"widths: one per piece; expected {len(counts)}, got {len(widths)}")
+    group = traj.logical_group()
+    bounds = [0]
+    for c in group.row_counts:
+        bounds.append(bounds[-1] + c)
+    data = traj.to_dict()
+    data.pop("rollout_group", None)
+    data.pop("rollout_reward", None)
+    width = traj.seqlen
+    pieces = []
+    start = 0
+    for i, n in enumerate(counts):
+        stop = start + n
+        if start not in bounds or stop not in bounds:
+            raise WorkflowContractError(
+                f"row_counts: piece {i} (rows {start}:{stop}) cuts a logical rollout; rollout boundaries are {bounds}"
+            )
+        if widths is not None:
+            w = int(widths[i])
+        else:
+            cols = traj.attention_mask[start:stop].any(dim=0).nonzero()
+            w = int(cols[-1]) + 1 if len(cols) else 0
+        piece: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                value = value[start:stop]
+                if value.ndim >= 2 and value.shape[1] == width:
+                    value = value[:, :w]
+            elif isinstance(value, list):
+                value = value[start:stop]
+            piece[key] = value
+        k0, k1 = bounds.index(start), bounds.index(stop)
+        sub = RolloutGroup(group.row_counts[k0:k1], group.rewards[k0:k1])
+        if sub.n_rollouts == 1:
+            piece["rollout_reward"] = sub.rewards[0]
+        else:
+            piece["rollout_group"] = sub
+        pieces.append(Trajectory.from_dict(piece, where=f"piece {i}: "))
+        start = stop
+    return pieces
+

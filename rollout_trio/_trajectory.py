@@ -1,0 +1,287 @@
+"""``Trajectory``: the tensor-dict contract between workflows and trainers.
+
+Shapes and dtypes (B rows, L padded positions):
+
+================  ===========  =====================================================
+key               shape        dtype
+================  ===========  =====================================================
+input_ids         [B, L]       any integer (required)
+attention_mask    [B, L]       bool (required); integer 0/1 is cast to bool
+loss_mask         [B, L]       any integer, values 0/1, 0 wherever attention is off
+logprobs          [B, L]       floating, finite, <= 0
+versions          [B, L]       any integer (-1 where no output token is)
+rewards           [B]          floating, finite
+is_truncated      [B]          bool
+original_rewards  [B]          floating, finite
+rollout_reward    scalar       one finite real (Python, NumPy or 0-d tensor), never bool
+rollout_group     RolloutGroup row counts per logical rollout, summing to B
+================  ===========  =====================================================
+
+Any other key is an *extra*: a tensor with a leading dimension of B, a list of B
+items, or any other value (kept as is). Nothing but the attention-mask cast is coerced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from ._errors import WorkflowContractError
+from ._rollout_group import RolloutGroup, as_reward_scalar
+
+if TYPE_CHECKING:
+    from ._io import ModelResponse
+
+__all__ = ["Trajectory", "check_trajectory_format"]
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+ROW_KEYS = ("rewards", "is_truncated", "original_rewards")
+SCALAR_KEYS = ("rollout_reward", "rollout_group")
+KNOWN_KEYS = SEQUENCE_KEYS + ROW_KEYS + SCALAR_KEYS
+
+#: Value each key is right-padded with when trajectories of different lengths are joined.
+PAD_VALUES: dict[str, Any] = {"attention_mask": False, "versions": -1}
+
+_INTEGER = "an integer dtype"
+_FLOAT = "a floating dtype"
+_BOOL = "torch.bool"
+
+
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
+
+
+def _dtype_ok(kind: str, dtype: torch.dtype) -> bool:
+    if kind == _INTEGER:
+        return _is_integer_dtype(dtype)
+    if kind == _FLOAT:
+        return dtype.is_floating_point
+    return dtype == torch.bool
+
+
+_DTYPES = {
+    "input_ids": _INTEGER,
+    "attention_mask": _BOOL,
+    "loss_mask": _INTEGER,
+    "logprobs": _FLOAT,
+    "versions": _INTEGER,
+    "rewards": _FLOAT,
+    "is_truncated": _BOOL,
+    "original_rewards": _FLOAT,
+}
+
+
+def _fail(where: str, key: str, rule: str, expected: str, got: str) -> WorkflowContractError:
+    return WorkflowContractError(f"{where}{key!r}: {rule}; expected {expected}, got {got}")
+
+
+def _tensor(where: str, key: str, value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise _fail(where, key, "must be a torch.Tensor", "a tensor", f"{type(value).__name__}")
+    return value
+
+
+def _validate_fields(t: Trajectory, where: str = "") -> None:
+    ids = _tensor(where, "input_ids", t.input_ids)
+    if ids.ndim != 2:
+        raise _fail(where, "input_ids", "must be 2-D [batch, seqlen]", "ndim 2", f"shape {tuple(ids.shape)}")
+    rows, width = ids.shape
+    if rows < 1:
+        raise _fail(where, "input_ids", "must hold at least one row", "B >= 1", f"shape {tuple(ids.shape)}")
+    for key in SEQUENCE_KEYS + ROW_KEYS:
+        value = getattr(t, key)
+        if value is None:
+            continue
+        value = _tensor(where, key, value)
+        kind = _DTYPES[key]
+        if not _dtype_ok(kind, value.dtype):
+            raise _fail(where, key, "wrong dtype", kind, str(value.dtype))
+        expected_shape = (rows, width) if key in SEQUENCE_KEYS else (rows,)
+        if tuple(value.shape) != expected_shape:
+            raise _fail(where, key, "shape must match input_ids", f"shape {list(expected_shape)}", f"shape {list(value.shape)}")
+        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+            raise _fail(where, key, "values must be finite", "finite values", "NaN or inf")
+    if bool((ids < 0).any()):
+        raise _fail(where, "input_ids", "token ids must be non-negative", "ids >= 0", f"min {int(ids.min())}")
+    if t.loss_mask is not None:
+        lm = t.loss_mask
+        if not bool(((lm == 0) | (lm == 1)).all()):
+            raise _fail(where, "loss_mask", "values must be 0 or 1", "0/1", f"values {sorted(set(lm.unique().tolist()))[:5]}")
+        if bool((lm.bool() & ~t.attention_mask).any()):
+            raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
+    if t.logprobs is not None and bool((t.logprobs > 1e-6).any()):
+        raise _fail(where, "logprobs", "log-probabilities must be <= 0", "values <= 0", f"max {float(t.logprobs.max())}")
+    if t.rollout_group is not None:
+        if not isinstance(t.rollout_group, RolloutGroup):
+            raise _fail(where, "rollout_group", "must be a RolloutGroup", "RolloutGroup", type(t.rollout_group).__name__)
+        if t.rollout_group.n_rows != rows:
+            raise _fail(where, "rollout_group", "row counts must sum to the number of rows", f"sum {rows}", f"sum {t.rollout_group.n_rows}")
+        if t.rollout_reward is not None:
+            raise _fail(where, "rollout_reward", "give either rollout_reward or rollout_group, not both", "one of them", "both")
+    for key, value in t.extras.items():
+        if not isinstance(key, str) or key in KNOWN_KEYS:
+            raise _fail(where, str(key), "extra keys must be strings other than the contract's keys", "a new str key", repr(key))
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] != rows:
+            raise _fail(where, key, "extra tensors must have one entry per row", f"leading dim {rows}", f"shape {list(value.shape)}")
+        if isinstance(value, list) and len(value) != rows:
+            raise _fail(where, key, "extra lists must have one item per row", f"length {rows}", f"length {len(value)}")
+
+
+def _cast_attention_mask(value: Any) -> Any:
+    # The one documented conversion: an integer tensor holding only 0/1 becomes bool.
+    if isinstance(value, torch.Tensor) and _is_integer_dtype(value.dtype):
+        if bool(((value == 0) | (value == 1)).all()):
+            return value.bool()
+        raise WorkflowContractError(
+            "'attention_mask': an integer attention mask may hold only 0 and 1; "
+            f"expected 0/1, got values {sorted(set(value.unique().tolist()))[:5]}"
+        )
+    return value
+
+
+def _rollout_reward(value: Any) -> float | None:
+    return None if value is None else as_reward_scalar(value)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Trajectory:
+    """The tensor dict a workflow returns for training (see the module docstring).
+
+    Construction validates every field and raises :class:`WorkflowContractError`
+    naming the key, the rule, and the expected and actual dtype, shape or value.
+    ``to_dict()`` gives the plain dict AReaL-style trainers consume.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor = attrs.field(converter=_cast_attention_mask)
+    loss_mask: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    is_truncated: torch.Tensor | None = None
+    original_rewards: torch.Tensor | None = None
+    rollout_reward: float | None = attrs.field(default=None, converter=_rollout_reward)
+    rollout_group: RolloutGroup | None = None
+    extras: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+
+    def __attrs_post_init__(self) -> None:
+        _validate_fields(self)
+
+    @property
+    def batch_size(self) -> int:
+        """Number of rows (B)."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seqlen(self) -> int:
+        """Padded sequence length (L)."""
+        return int(self.input_ids.shape[1])
+
+    def logical_group(self) -> RolloutGroup:
+        """The logical rollouts of this trajectory.
+
+        The explicit ``rollout_group`` if set, else one rollout of all rows whose
+        reference is ``rollout_reward``.
+        """
+        if self.rollout_group is not None:
+            return self.rollout_group
+        return RolloutGroup((self.batch_size,), (self.rollout_reward,))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (contract keys that are set, then extras)."""
+        out: dict[str, Any] = {}
+        for key in KNOWN_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out.update(self.extras)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "") -> Trajectory:
+        """Validate a plain dict (e.g. a workflow's result) and build a Trajectory.
+
+        ``where`` prefixes error messages (e.g. ``"slot 2: "``).
+        """
+        if not isinstance(data, Mapping):
+            raise WorkflowContractError(f"{where}trajectory: must be a dict of tensors, got {type(data).__name__}")
+        missing = [k for k in ("input_ids", "attention_mask") if k not in data]
+        if missing:
+            raise WorkflowContractError(
+                f"{where}trajectory: missing required keys {missing}; expected input_ids [B, L] and "
+                f"attention_mask [B, L], got keys {sorted(map(str, data))}"
+            )
+        known = {k: data[k] for k in KNOWN_KEYS if k in data}
+        extras = {k: v for k, v in data.items() if k not in KNOWN_KEYS}
+        try:
+            return cls(**known, extras=extras)
+        except WorkflowContractError as exc:
+            if where:
+                raise WorkflowContractError(f"{where}{exc}") from None
+            raise
+
+    @classmethod
+    def from_response(
+        cls,
+        resp: ModelResponse,
+        reward: float,
+        *,
+        rollout_reward: Any = None,
+        **extras: Any,
+    ) -> Trajectory:
+        """The standard single-turn row: prompt then completion.
+
+        Prompt positions get loss_mask 0, logprob 0.0 and version -1; completion
+        positions loss_mask 1, their logprob and the version that produced them.
+        ``is_truncated`` is ``stop_reason == "length"``.
+        """
+        n_in, n_out = resp.input_len, resp.output_len
+        row = lambda values, dtype: torch.tensor([list(values)], dtype=dtype)  # noqa: E731
+        return cls(
+            input_ids=row([*resp.input_tokens, *resp.output_tokens], torch.int32),
+            attention_mask=torch.ones(1, n_in + n_out, dtype=torch.bool),
+            loss_mask=row([0] * n_in + [1] * n_out, torch.int32),
+            logprobs=row([0.0] * n_in + list(resp.output_logprobs), torch.float32),
+            versions=row([-1] * n_in + list(resp.output_versions), torch.int32),
+            rewards=torch.tensor([float(as_reward_scalar(reward, what="reward"))], dtype=torch.float32),
+            is_truncated=torch.tensor([resp.stop_reason == "length"]),
+            rollout_reward=rollout_reward,
+            extras=extras,
+        )
+
+
+def check_trajectory_format(
+    data: Any,
+    *,
+    batch_size: int | None = None,
+    expected_keys: set[str] | None = None,
+) -> bool:
+    """Check a workflow result against the contract, for debugging custom workflows.
+
+    Returns True for ``None`` and for interaction dicts (checked when converted);
+    raises :class:`WorkflowContractError` naming the key and rule otherwise.
+    """
+    from ._interaction import Interaction
+
+    if data is None:
+        return True
+    if isinstance(data, Trajectory):
+        traj = data
+    else:
+        if not isinstance(data, Mapping):
+            raise WorkflowContractError(f"trajectory: expected None, a dict or a Trajectory, got {type(data).__name__}")
+        if not data:
+            raise WorkflowContractError("trajectory: the dict is empty; expected input_ids and attention_mask at least")
+        if all(isinstance(v, Interaction) for v in data.values()):
+            return True
+        traj = Trajectory.from_dict(data)
+    if batch_size is not None and traj.batch_size != batch_size:
+        raise WorkflowContractError(f"'input_ids': batch size mismatch; expected {batch_size} rows, got {traj.batch_size}")
+    if expected_keys is not None:
+        missing = sorted(set(expected_keys) - set(traj.to_dict()))
+        if missing:
+            raise WorkflowContractError(f"trajectory: keys {missing} are missing; expected {sorted(expected_keys)}")
+    return True

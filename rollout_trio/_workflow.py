@@ -1,0 +1,167 @@
+"""Workflows: what turns one dataset item into trajectories, and how one is resolved."""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import inspect
+import logging
+import warnings
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from ._interaction import Interaction
+    from ._trajectory import Trajectory
+    from .engines import InferenceEngine
+
+__all__ = ["AgentWorkflow", "RolloutWorkflow", "WorkflowResult", "resolve_workflow"]
+
+logger = logging.getLogger("rollout_trio.workflow")
+
+#: What a workflow may return: tensors, interactions, or None (rejected).
+WorkflowResult: TypeAlias = "Trajectory | Mapping[str, Any] | Mapping[str, Interaction] | None"
+WorkflowFn: TypeAlias = Callable[["InferenceEngine", Any], Awaitable[Any]]
+
+
+class RolloutWorkflow(abc.ABC):
+    """Base class for class-style workflows (AReaL compatible).
+
+    A plain ``async def workflow(engine, data)`` function works too; subclass this only
+    when the workflow keeps state or configuration.
+    """
+
+    @abc.abstractmethod
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> WorkflowResult:
+        """Run one logical rollout for ``data`` and return its result."""
+
+
+class FunctionWorkflow(RolloutWorkflow):
+    """Adapts ``async def fn(engine, data, **kwargs)`` to :class:`RolloutWorkflow`."""
+
+    def __init__(self, fn: WorkflowFn, **kwargs: Any) -> None:
+        self.fn = fn
+        self.kwargs = kwargs
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> WorkflowResult:
+        return await self.fn(engine, data, **self.kwargs)  # type: ignore[call-arg]
+
+    def __repr__(self) -> str:
+        return f"FunctionWorkflow({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+class _DuckWorkflow(RolloutWorkflow):
+    """Adapts any object with ``async def arun_episode(engine, data)``."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> WorkflowResult:
+        return await self.obj.arun_episode(engine, data)
+
+    def __getattr__(self, name: str) -> Any:  # optional hooks live on the wrapped object
+        return getattr(self.obj, name)
+
+
+class AgentWorkflow(abc.ABC):
+    """Deprecated base for agent workflows: any class with ``async def run()`` will do.
+
+    Instantiating a subclass emits a :class:`DeprecationWarning`.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> AgentWorkflow:
+        warnings.warn(
+            f"{cls.__name__} inherits from deprecated AgentWorkflow. You no longer need to "
+            "inherit from this class. Any class with a compatible async run() method will work.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return super().__new__(cls)
+
+    @abc.abstractmethod
+    async def run(self, data: Any, **extra_kwargs: Any) -> Any:
+        """Run the agent on ``data``; return its reward(s)."""
+
+
+def import_from_string(path: str) -> Any:
+    """Import ``"package.module.Name"`` and return ``Name``."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"Invalid module path: {path!r}")
+    parts = path.rsplit(".", 1)
+    if len(parts) != 2:
+        raise ValueError(f"Expected format 'module.path.ObjectName', got {len(parts)} part(s).")
+    module_name, attr = parts
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ImportError(f"Failed to import module {module_name!r} from path {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"Module {module_name!r} has no attribute {attr!r}.") from None
+
+
+def _is_async_callable(obj: Any, name: str) -> bool:
+    return inspect.iscoroutinefunction(getattr(obj, name, None))
+
+
+def _agent_unavailable(obj: Any) -> NotImplementedError:
+    return NotImplementedError(
+        f"{obj!r} is an agent-style workflow (it has async run(data, **kw)); the agent runtime "
+        "is not available yet in rollout_trio. Write the workflow as async def fn(engine, data) "
+        "or a class with async def arun_episode(engine, data)."
+    )
+
+
+def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = None) -> RolloutWorkflow:
+    """Turn anything workflow-like into a :class:`RolloutWorkflow` instance.
+
+    Accepts, first match wins: a RolloutWorkflow instance (``workflow_kwargs`` is
+    ignored, with a warning); an ``async def (engine, data)`` function (kwargs are bound
+    as keyword arguments); a class with ``arun_episode`` (instantiated with
+    ``workflow_kwargs``, which is then required); an object with ``async def
+    arun_episode``; an import string ``"pkg.module.Name"`` naming any of these.
+
+    Raises:
+        ValueError: ``None``, a class without ``workflow_kwargs``, or an import string
+            that fails to import.
+        NotImplementedError: an agent-style object (``async def run``): not available yet.
+        TypeError: anything else.
+    """
+    return _resolve(workflow, workflow_kwargs, from_string=False)
+
+
+def _resolve(workflow: Any, kwargs: Mapping[str, Any] | None, *, from_string: bool) -> RolloutWorkflow:
+    if workflow is None:
+        raise ValueError("workflow is None; pass an async function, a RolloutWorkflow, a class or an import string")
+    if isinstance(workflow, str) and not from_string:
+        try:
+            target = import_from_string(workflow)
+        except (ValueError, ImportError, AttributeError) as exc:
+            raise ValueError(f"Failed to import workflow from string {workflow!r}: {exc}") from exc
+        return _resolve(target, kwargs, from_string=True)
+    instance_note = "resolves to an instance" if from_string else "is already an instance"
+    if isinstance(workflow, RolloutWorkflow) or (
+        not inspect.isclass(workflow) and _is_async_callable(workflow, "arun_episode")
+    ):
+        if kwargs is not None:
+            logger.warning("workflow_kwargs is ignored when workflow %s", instance_note)
+        return workflow if isinstance(workflow, RolloutWorkflow) else _DuckWorkflow(workflow)
+    if inspect.isclass(workflow) and _is_async_callable(workflow, "arun_episode"):
+        if kwargs is None:
+            what = "a class or string" if from_string else "a class"
+            raise ValueError(
+                f"workflow_kwargs is required when workflow is {what}. "
+                f"Got workflow={workflow!r}, but workflow_kwargs=None."
+            )
+        obj = workflow(**kwargs)
+        return obj if isinstance(obj, RolloutWorkflow) else _DuckWorkflow(obj)
+    if inspect.iscoroutinefunction(workflow):
+        return FunctionWorkflow(workflow, **(kwargs or {}))
+    if _is_async_callable(workflow, "run"):
+        raise _agent_unavailable(workflow)
+    raise TypeError(
+        "workflow must be an async function (engine, data), a RolloutWorkflow instance or "
+        "class, an object with async arun_episode(engine, data), or an import string; "
+        f"got {type(workflow).__name__} {workflow!r}"
+    )

@@ -1,0 +1,122 @@
+"""Workflow resolution (spec/executor.md §5.2, adapted: functions and duck types are workflows)."""
+
+import logging
+import sys
+import types
+
+import pytest
+
+from rollout_trio import AgentWorkflow, RolloutWorkflow, resolve_workflow
+
+
+class Echo(RolloutWorkflow):
+    def __init__(self, tag="x"):
+        self.tag = tag
+
+    async def arun_episode(self, engine, data):
+        return (self.tag, data)
+
+
+class Duck:
+    async def arun_episode(self, engine, data):
+        return ("duck", data)
+
+
+class Agent:
+    async def run(self, data, **kw):
+        return 1.0
+
+
+async def fn_workflow(engine, data, *, scale=1):
+    return data * scale
+
+
+@pytest.fixture
+def module():
+    mod = types.ModuleType("rt_test_workflows")
+    mod.Echo, mod.instance, mod.Agent, mod.fn = Echo, Echo("inst"), Agent, fn_workflow
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+
+
+async def test_instance_is_used_as_is_and_kwargs_warn(caplog):
+    wf = Echo()
+    assert resolve_workflow(wf) is wf
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.workflow"):
+        assert resolve_workflow(wf, {"tag": "y"}) is wf
+    assert "workflow_kwargs is ignored when workflow is already an instance" in caplog.text
+
+
+async def test_class_needs_kwargs():
+    with pytest.raises(ValueError, match="workflow_kwargs is required when workflow is a class. Got workflow="):
+        resolve_workflow(Echo)
+    wf = resolve_workflow(Echo, {})
+    assert isinstance(wf, Echo) and wf.tag == "x"
+    assert resolve_workflow(Echo, {"tag": "z"}).tag == "z"
+
+
+async def test_async_function_is_a_workflow_with_bound_kwargs():
+    wf = resolve_workflow(fn_workflow, {"scale": 3})
+    assert isinstance(wf, RolloutWorkflow)
+    assert await wf.arun_episode(None, 2) == 6
+
+
+async def test_duck_typed_arun_episode():
+    wf = resolve_workflow(Duck())
+    assert await wf.arun_episode(None, 1) == ("duck", 1)
+    assert isinstance(resolve_workflow(Duck, {}), RolloutWorkflow)
+
+
+async def test_import_strings(module, caplog):
+    assert resolve_workflow("rt_test_workflows.Echo", {"tag": "s"}).tag == "s"
+    with pytest.raises(ValueError, match="required when workflow is a class or string"):
+        resolve_workflow("rt_test_workflows.Echo")
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.workflow"):
+        assert resolve_workflow("rt_test_workflows.instance", {}) is module.instance
+    assert "resolves to an instance" in caplog.text
+    assert await resolve_workflow("rt_test_workflows.fn").arun_episode(None, 4) == 4
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        ("nodots", "Expected format 'module.path.ObjectName', got 1 part"),
+        ("no_such_module_xyz.Thing", "Failed to import module 'no_such_module_xyz'"),
+        ("rt_test_workflows.Missing", "has no attribute 'Missing'"),
+        ("", "Invalid module path"),
+    ],
+)
+def test_bad_import_strings(module, path, match):
+    with pytest.raises(ValueError, match=f"Failed to import workflow from string {path!r}") as info:
+        resolve_workflow(path)
+    assert match in str(info.value)
+
+
+def test_agents_are_not_available_yet(module):
+    for agent in (Agent(), Agent, "rt_test_workflows.Agent"):
+        with pytest.raises(NotImplementedError, match="agent runtime is not available yet"):
+            resolve_workflow(agent)
+
+
+def test_none_and_other_objects():
+    with pytest.raises(ValueError, match="workflow is None"):
+        resolve_workflow(None)
+    with pytest.raises(TypeError, match="workflow must be an async function"):
+        resolve_workflow(42)
+    with pytest.raises(TypeError, match="workflow must be an async function"):
+        resolve_workflow(lambda engine, data: None)  # sync functions are not workflows
+
+
+def test_agent_workflow_is_a_deprecated_shim():
+    class Old(AgentWorkflow):
+        def __init__(self):  # does not call super().__init__: still warns
+            pass
+
+        async def run(self, data, **kw):
+            return 0.0
+
+    with pytest.warns(DeprecationWarning, match="Old inherits from deprecated AgentWorkflow"):
+        Old()
+    with pytest.warns(DeprecationWarning):
+        Old()  # on every instantiation
