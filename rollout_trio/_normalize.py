@@ -1,0 +1,585 @@
+"""Pure, synchronous reward and advantage normalization.
+
+Three families of functions live here:
+
+* :func:`normalize_rewards`: trainer-side reward normalization (one reference per
+  logical rollout, bias / scaling / clipping, leave-one-out, the ``std <= eps`` rule).
+  Statistics in float64, result float32.
+* :func:`normalize_advantages`: the plain ``Normalization`` call used on ``[B, L]``
+  advantages with a loss mask (masked token statistics, per-element leave-one-out,
+  singleton fallbacks chosen by logical member counts, no ``std <= eps`` fallback).
+* :func:`rollout_time_affine` / :func:`rollout_time_apply`: the float32 arithmetic of
+  rollout-time (interaction) normalization, for the group layer.
+
+Nothing here is async, touches global state or mutates its inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from ._errors import WorkflowContractError
+from ._rollout_group import RolloutGroup
+from ._validate import is_int, is_real
+
+__all__ = [
+    "NormConfig",
+    "NormLevel",
+    "group_mean_std",
+    "normalize_advantages",
+    "normalize_rewards",
+    "rollout_time_affine",
+    "rollout_time_apply",
+]
+
+#: Where a statistic is taken: over the whole batch, per prompt group, or not at all.
+NormLevel = Literal["batch", "group"] | None
+
+_LEVELS = ("batch", "group", None)
+_F64 = torch.float64
+#: Rollout-time epsilon (spec §7.2), a float32 constant.
+_ROLLOUT_EPS = 1e-8
+_SPLIT_ROWS_MESSAGE = (
+    "Split rollout row rewards differ; supply an explicit rollout_reward for reward normalization."
+)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _level(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or value not in _LEVELS:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name}: must be 'batch', 'group' or None, got {value!r}"
+        )
+
+
+def _flag(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name}: must be a bool, got {type(value).__name__} {value!r}"
+        )
+
+
+def _eps(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not is_real(value) or value < 0:
+        raise ValueError(
+            f"{type(instance).__name__}.{attribute.name}: must be a finite real number >= 0, got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class NormConfig:
+    """How to normalize: where the mean and the std come from, and their details.
+
+    Attributes:
+        mean_level: ``"batch"``, ``"group"`` or ``None`` (no centering).
+        std_level: ``"batch"``, ``"group"`` or ``None`` (no scaling; eps unused).
+        leave_one_out: Centre each value on the mean of the *others* (its group's or
+            the batch's) instead of the mean including itself.
+        std_unbiased: Divide the squared deviations by ``n - 1`` instead of ``n``.
+        eps: Added to the std in the divisor; must be finite and ``>= 0``.
+        group_size: Fixed group size, used for group levels when no explicit
+            ``group_sizes`` are passed at call time; must be an integer ``>= 1``.
+
+    Invalid values raise ``ValueError`` naming the field and the rule.
+    """
+
+    mean_level: NormLevel = attrs.field(default="batch", validator=_level)
+    std_level: NormLevel = attrs.field(default="batch", validator=_level)
+    leave_one_out: bool = attrs.field(default=False, validator=_flag)
+    std_unbiased: bool = attrs.field(default=True, validator=_flag)
+    eps: float = attrs.field(default=1e-5, validator=_eps)
+    group_size: int = attrs.field(default=1)
+
+    @group_size.validator
+    def _check_group_size(self, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not is_int(value) or value < 1:
+            used = " (a group level is used)" if self.uses_group_level else ""
+            raise ValueError(f"NormConfig.group_size: must be an integer >= 1{used}, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "group_size", int(self.group_size))
+
+    @property
+    def uses_group_level(self) -> bool:
+        """True if the mean or the std is taken per group."""
+        return self.mean_level == "group" or self.std_level == "group"
+
+    @property
+    def is_identity(self) -> bool:
+        """True if neither a mean nor a std is taken (values pass through)."""
+        return self.mean_level is None and self.std_level is None
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _positive_ints(name: str, value: Any) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name}: must be a sequence of positive integers, got {type(value).__name__}")
+    out = list(value)
+    if any(not is_int(v) or v < 1 for v in out):
+        raise ValueError(f"{name}: must be positive integers, got {out!r}")
+    return [int(v) for v in out]
+
+
+def _real_tensor(name: str, value: Any) -> torch.Tensor:
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{name}: must hold real numbers (float or integer dtype), got dtype {t.dtype}")
+    return t
+
+
+def _finite_real(name: str, value: Any) -> float:
+    if not is_real(value):
+        raise ValueError(f"{name}: must be a finite real number, got {value!r}")
+    return float(value)
+
+
+def _group_bounds(
+    n: int, config: NormConfig, group_sizes: Sequence[int] | None, *, what: str
+) -> list[tuple[int, int]] | None:
+    """Row ranges of the groups, or None when no level is per group (sizes still checked)."""
+    if group_sizes is not None:
+        sizes = _positive_ints("group_sizes", group_sizes)
+        if sum(sizes) != n:
+            raise ValueError(
+                f"group_sizes: sizes sum to {sum(sizes)}, which must equal the number of {what} ({n})"
+            )
+    elif config.uses_group_level:
+        if n % config.group_size:
+            raise ValueError(
+                f"NormConfig.group_size: {n} {what} do not split into groups of {config.group_size}; "
+                "pass group_sizes= for variable-size groups"
+            )
+        sizes = [config.group_size] * (n // config.group_size)
+    else:
+        return None
+    if not config.uses_group_level:
+        return None
+    bounds = []
+    start = 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+# --------------------------------------------------------------------------- statistics core
+
+
+def _mean(x: torch.Tensor, m: torch.Tensor | None, leave_one_out: bool) -> torch.Tensor:
+    """Per-element baseline over all of ``x`` (masked by ``m``), shaped like ``x``."""
+    if m is None:
+        n = float(x.numel())
+        total = x.sum()
+    else:
+        n = float(m.sum().item())
+        total = (x * m).sum()
+    if leave_one_out:
+        if n <= 1:
+            return torch.zeros_like(x)
+        if m is None:
+            return (total - x) / (n - 1)
+        loo = (total - x * m) / torch.clamp(n - m, min=1.0)
+        return torch.where(m > 0, loo, total / n)
+    if n == 0:
+        return torch.zeros_like(x)
+    return (total / n).expand_as(x).clone()
+
+
+def _std(x: torch.Tensor, m: torch.Tensor | None, base: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """Std of ``x`` around the per-element ``base`` (0-d); 1 where it is undefined."""
+    dev = x - base
+    if m is None:
+        n = float(x.numel())
+    else:
+        n = float(m.sum().item())
+        dev = dev * m
+    r = (dev * dev).sum()
+    if unbiased:
+        return torch.ones_like(r) if n <= 1 else torch.sqrt(r / (n - 1))
+    return torch.ones_like(r) if n == 0 else torch.sqrt(r / n)
+
+
+def _baseline_std(
+    x: torch.Tensor,
+    m: torch.Tensor | None,
+    config: NormConfig,
+    bounds: list[tuple[int, int]] | None,
+    member_counts: list[int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-element baseline and std (float64, shaped like ``x``); std is 1 without a std level."""
+    loo = config.leave_one_out
+    if config.mean_level == "batch":
+        mean = _mean(x, m, loo)
+    elif config.mean_level == "group":
+        assert bounds is not None
+        mean = torch.zeros_like(x)
+        for i, (a, b) in enumerate(bounds):
+            count = member_counts[i] if member_counts is not None else b - a
+            sm = None if m is None else m[a:b]
+            # A singleton has no peer to leave out: it is its own baseline (output 0).
+            mean[a:b] = x[a:b] if count == 1 and loo else _mean(x[a:b], sm, loo)
+    else:
+        mean = torch.zeros_like(x)
+
+    if config.std_level == "batch":
+        std = _std(x, m, mean, config.std_unbiased).expand_as(x).clone()
+    elif config.std_level == "group":
+        assert bounds is not None
+        std = torch.empty_like(x)
+        for i, (a, b) in enumerate(bounds):
+            count = member_counts[i] if member_counts is not None else b - a
+            if count == 1 and config.std_unbiased:
+                std[a:b] = 1.0
+            else:
+                sm = None if m is None else m[a:b]
+                std[a:b] = _std(x[a:b], sm, mean[a:b], config.std_unbiased)
+    else:
+        std = torch.ones_like(x)
+    return mean, std
+
+
+# --------------------------------------------------------------------------- public: building blocks
+
+
+def group_mean_std(
+    values: torch.Tensor | Sequence[float],
+    group_sizes: Sequence[int] | None = None,
+    *,
+    unbiased: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of each contiguous group of a 1-D tensor, in float64.
+
+    Args:
+        values: 1-D real values.
+        group_sizes: Positive sizes summing to ``len(values)``; ``None`` means one group.
+        unbiased: Divide by ``n - 1`` (a singleton then has std 1.0, not NaN) or by ``n``.
+
+    Returns:
+        ``(means, stds)``, each of shape ``[n_groups]`` and dtype float64.
+    """
+    x = _real_tensor("values", values).to(_F64)
+    if x.ndim != 1 or x.numel() == 0:
+        raise ValueError(f"values: must be a non-empty 1-D tensor, got shape {tuple(x.shape)}")
+    sizes = [x.numel()] if group_sizes is None else _positive_ints("group_sizes", group_sizes)
+    if sum(sizes) != x.numel():
+        raise ValueError(f"group_sizes: sizes sum to {sum(sizes)}, which must equal the number of values ({x.numel()})")
+    means, stds = [], []
+    for part in torch.split(x, sizes):
+        mean = part.mean()
+        means.append(mean)
+        stds.append(_std(part, None, mean, unbiased))
+    return torch.stack(means), torch.stack(stds)
+
+
+def rollout_time_affine(references: torch.Tensor | Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Baseline and divisor of rollout-time (interaction) normalization, in float32.
+
+    Over the ``u`` references of a group's usable rollouts: ``mean`` is their average,
+    ``std`` their population std (1.0 when ``u == 1``), and the divisor is 1 when
+    ``std <= 1e-8``, else ``std + 1e-8``. All arithmetic is float32, so constant
+    references give exactly 0 after :func:`rollout_time_apply`.
+
+    Args:
+        references: One finite reference reward per usable rollout (at least one).
+
+    Returns:
+        ``(mean, scale)`` as 0-d float32 tensors.
+    """
+    if isinstance(references, torch.Tensor):
+        r = references
+    else:
+        r = torch.as_tensor([float(v) for v in references], dtype=torch.float64)
+    r = _real_tensor("references", r)
+    if r.ndim != 1 or r.numel() == 0:
+        raise ValueError(f"references: must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
+    r = r.to(torch.float32)
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError(f"references: must be finite, got {r.tolist()!r}")
+    mean = r.mean()
+    if r.numel() > 1:
+        dev = r - mean
+        std = torch.sqrt((dev * dev).mean())
+    else:
+        std = torch.ones((), dtype=torch.float32)
+    eps = torch.tensor(_ROLLOUT_EPS, dtype=torch.float32)
+    scale = torch.where(std <= eps, torch.ones((), dtype=torch.float32), std + eps)
+    return mean, scale
+
+
+def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(values - mean) / scale`` in float32; ``values`` is cast to float32 first.
+
+    Use it for each row reward and cached ``rewards`` tensor with the pair from
+    :func:`rollout_time_affine`. Returns a float32 tensor shaped like ``values``
+    (0-d for a Python number).
+    """
+    v = torch.as_tensor(values).to(torch.float32)
+    return (v - mean.to(torch.float32)) / scale.to(torch.float32)
+
+
+# --------------------------------------------------------------------------- public: advantages
+
+
+def normalize_advantages(
+    x: torch.Tensor,
+    config: NormConfig,
+    *,
+    mask: torch.Tensor | None = None,
+    group_sizes: Sequence[int] | None = None,
+    member_counts: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """The plain ``Normalization`` call: ``(x - baseline) * mask / (std + eps)``.
+
+    Statistics are taken over masked elements (token-weighted), in float64. Groups
+    are contiguous row ranges along dim 0. With ``leave_one_out`` each element's
+    baseline is the masked mean of the *other* elements of its group (or batch); a
+    batch with at most one masked element has baseline 0. A group whose member count
+    is 1 gets itself as baseline under leave-one-out (output 0) and std 1 when
+    unbiased. There is no ``std <= eps`` fallback here: a constant group gives
+    ``0 / eps``.
+
+    Args:
+        x: Real tensor, rows along dim 0 (``[B]`` or ``[B, L]``).
+        config: The normalization settings.
+        mask: 0/1 (or bool) tensor shaped like ``x``; ``None`` means every element.
+            If it is all 0, ``x`` is returned unchanged (as float32).
+        group_sizes: Rows per group (positive, summing to ``B``); default: fixed
+            ``config.group_size`` slices, which must divide ``B``.
+        member_counts: Logical rollouts per group (``>= 1``, one per group). They only
+            select the singleton fallbacks; they never reweight statistics.
+
+    Returns:
+        float32 tensor shaped like ``x``; 0 wherever ``mask`` is 0.
+    """
+    t = _real_tensor("x", x)
+    if t.ndim < 1:
+        raise ValueError("x: must have a batch dimension (ndim >= 1), got a 0-d tensor")
+    m: torch.Tensor | None = None
+    if mask is not None:
+        mt = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(mask)
+        if tuple(mt.shape) != tuple(t.shape):
+            raise ValueError(f"mask: must have the shape of x {tuple(t.shape)}, got {tuple(mt.shape)}")
+        m = mt.to(_F64)
+        if not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError("mask: must hold only 0 and 1 (or False and True)")
+    bounds = _group_bounds(t.shape[0], config, group_sizes, what="rows")
+    counts: list[int] | None = None
+    if member_counts is not None:
+        counts = _positive_ints("member_counts", member_counts)
+        if bounds is not None and len(counts) != len(bounds):
+            raise ValueError(
+                f"member_counts: must give one count per group ({len(bounds)} groups), got {len(counts)}"
+            )
+        if bounds is not None and any(c > b - a for c, (a, b) in zip(counts, bounds)):
+            raise ValueError(
+                f"member_counts: a group cannot hold more logical rollouts than rows; "
+                f"counts {counts}, rows {[b - a for a, b in bounds]}"
+            )
+    if m is not None and float(m.sum().item()) == 0:
+        return t.to(torch.float32).clone()
+
+    xf = t.to(_F64)
+    live = torch.ones_like(xf, dtype=torch.bool) if m is None else m > 0
+    if not bool(torch.isfinite(xf[live]).all()):
+        raise ValueError("x: must be finite where mask is 1")
+    if m is not None:
+        xf = torch.where(live, xf, torch.zeros_like(xf))  # masked-out garbage never leaks
+    mean, std = _baseline_std(xf, m, config, bounds, counts)
+    eps = config.eps if config.std_level is not None else 0.0
+    out = (xf - mean) / (std + eps)
+    if m is not None:
+        out = torch.where(live, out, torch.zeros_like(out))
+    return out.to(torch.float32)
+
+
+# --------------------------------------------------------------------------- public: rewards
+
+
+def _logical_rollouts(
+    n_rows: int,
+    rollout_groups: Sequence[RolloutGroup | None] | None,
+    trajectory_rows: Sequence[int] | None,
+) -> tuple[list[int], list[float | None], list[int] | None, list[tuple[int, int]]]:
+    """Row counts, explicit references, logical sizes per trajectory, (trajectory, index) labels."""
+    if rollout_groups is None:
+        if trajectory_rows is not None:
+            raise ValueError("trajectory_rows: only meaningful together with rollout_groups")
+        return [1] * n_rows, [None] * n_rows, None, [(-1, j) for j in range(n_rows)]
+    if isinstance(rollout_groups, RolloutGroup):
+        raise TypeError(
+            "rollout_groups: must be a sequence with one RolloutGroup (or None) per trajectory, "
+            "got a single RolloutGroup (wrap it in a list)"
+        )
+    if isinstance(rollout_groups, (str, bytes)) or not isinstance(rollout_groups, Sequence):
+        raise TypeError(f"rollout_groups: must be a sequence, got {type(rollout_groups).__name__}")
+    groups = list(rollout_groups)
+    for t, g in enumerate(groups):
+        if g is not None and not isinstance(g, RolloutGroup):
+            raise TypeError(f"rollout_groups[{t}]: must be a RolloutGroup or None, got {type(g).__name__}")
+    rows: list[int] | None = None
+    if trajectory_rows is not None:
+        rows = _positive_ints("trajectory_rows", trajectory_rows)
+        if len(rows) != len(groups):
+            raise ValueError(
+                f"trajectory_rows: must give one row count per trajectory ({len(groups)}), got {len(rows)}"
+            )
+    elif any(g is None for g in groups):
+        raise ValueError(
+            "trajectory_rows: required when rollout_groups holds None (each row of such a "
+            "trajectory is its own rollout, so its row count must be given)"
+        )
+    counts: list[int] = []
+    refs: list[float | None] = []
+    logical: list[int] = []
+    labels: list[tuple[int, int]] = []
+    for t, g in enumerate(groups):
+        if g is None:
+            assert rows is not None
+            counts += [1] * rows[t]
+            refs += [None] * rows[t]
+            logical.append(rows[t])
+            labels += [(t, k) for k in range(rows[t])]
+        else:
+            if rows is not None:
+                try:
+                    g.validate_rows(rows[t])
+                except WorkflowContractError as exc:
+                    raise WorkflowContractError(f"rollout_groups[{t}]: {exc}") from None
+            counts += list(g.row_counts)
+            refs += list(g.rewards)
+            logical.append(g.n_rollouts)
+            labels += [(t, k) for k in range(g.n_rollouts)]
+    if sum(counts) != n_rows:
+        raise ValueError(
+            f"rewards: has {n_rows} rows but rollout_groups cover {sum(counts)} rows; "
+            "they must be equal (rows of each trajectory, in order)"
+        )
+    return counts, refs, logical, labels
+
+
+def normalize_rewards(
+    rewards: torch.Tensor | Sequence[float],
+    config: NormConfig,
+    *,
+    rollout_groups: Sequence[RolloutGroup | None] | None = None,
+    trajectory_rows: Sequence[int] | None = None,
+    group_sizes: Sequence[int] | None = None,
+    reward_bias: float = 0.0,
+    reward_scaling: float = 1.0,
+    reward_clip: float = math.inf,
+    unpenalized: torch.Tensor | Sequence[float] | None = None,
+) -> torch.Tensor:
+    """Trainer-side reward normalization against one reference per logical rollout.
+
+    Each row's score is ``clamp((reward + bias) * scaling, -clip, clip)``. Statistics
+    come from one reference per logical rollout (its explicit ``rollout_reward``, else
+    its rows' common reward, transformed the same way), so rows never reweight them;
+    each row is then ``(score - baseline) / divisor`` with its rollout's baseline and
+    divisor. Leave-one-out leaves out the row's whole rollout. With a std level, a
+    std ``<= eps`` gives divisor 1 (centering only), else ``std + eps``. float64
+    inside, float32 out.
+
+    Args:
+        rewards: 1-D row rewards (after any overlong penalty), all trajectories
+            concatenated in order.
+        config: The normalization settings. With both levels ``None`` the scores are
+            returned and no reference is needed.
+        rollout_groups: One entry per trajectory (= prompt group), in row order: a
+            :class:`RolloutGroup` (its rollouts and references) or ``None`` (each row
+            of that trajectory is its own rollout). ``None`` for the whole argument:
+            every row is its own rollout.
+        trajectory_rows: Rows of each trajectory; required when ``rollout_groups``
+            holds ``None``, and checked against each group's ``row_counts`` if given.
+        group_sizes: Logical rollouts per group, used only when ``rollout_groups`` is
+            not given (with it the sizes are its ``n_rollouts``, and a ``group_sizes``
+            that differs is an error). Default: fixed ``config.group_size``.
+        reward_bias: Added to every reward and reference before scaling.
+        reward_scaling: Multiplies every biased reward and reference.
+        reward_clip: Scores and references are clipped to ``[-clip, clip]``; ``> 0``.
+        unpenalized: Optional pre-penalty row rewards; rows of a rollout without an
+            explicit reference must agree there too, so a length penalty cannot hide
+            different raw rewards.
+
+    Returns:
+        float32 tensor shaped like ``rewards``.
+
+    Raises:
+        WorkflowContractError: A rollout without an explicit reference has rows with
+            different rewards ("supply an explicit rollout_reward"), or a group's row
+            counts do not match ``trajectory_rows``.
+        ValueError: Shapes, sizes or numbers are invalid (message names the argument).
+    """
+    x = _real_tensor("rewards", rewards)
+    if x.ndim != 1:
+        raise ValueError(f"rewards: must be 1-D (one reward per row), got shape {tuple(x.shape)}")
+    x = x.to(_F64)
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("rewards: must be finite")
+    unp: torch.Tensor | None = None
+    if unpenalized is not None:
+        unp = _real_tensor("unpenalized", unpenalized).to(_F64)
+        if tuple(unp.shape) != tuple(x.shape):
+            raise ValueError(f"unpenalized: must have the shape of rewards {tuple(x.shape)}, got {tuple(unp.shape)}")
+    bias = _finite_real("reward_bias", reward_bias)
+    scaling = _finite_real("reward_scaling", reward_scaling)
+    if isinstance(reward_clip, bool) or not isinstance(reward_clip, numbers.Real) or not reward_clip > 0:
+        raise ValueError(f"reward_clip: must be a real number > 0 (inf for no clipping), got {reward_clip!r}")
+    clip = float(reward_clip)
+
+    counts, refs, logical, labels = _logical_rollouts(x.numel(), rollout_groups, trajectory_rows)
+    if logical is not None:
+        if group_sizes is not None and _positive_ints("group_sizes", group_sizes) != logical:
+            raise ValueError(
+                f"group_sizes: must equal the logical rollouts per trajectory {logical} "
+                f"(taken from rollout_groups), got {list(group_sizes)!r}; pass only one of them"
+            )
+        group_sizes = logical
+    bounds = _group_bounds(len(counts), config, group_sizes, what="logical rollouts")
+
+    def transform(v: torch.Tensor) -> torch.Tensor:
+        return ((v + bias) * scaling).clamp(min=-clip, max=clip)
+
+    scores = transform(x)
+    if config.is_identity or x.numel() == 0:
+        return scores.to(torch.float32)
+
+    count_t = torch.tensor(counts, dtype=torch.long)
+    starts = torch.cumsum(count_t, 0) - count_t
+    member = torch.repeat_interleave(torch.arange(len(counts)), count_t)
+    supplied = torch.tensor([r is not None for r in refs], dtype=torch.bool)
+    explicit = torch.tensor([0.0 if r is None else r for r in refs], dtype=_F64)
+    reference = torch.where(supplied, explicit, x[starts])
+
+    differs = x != reference[member]
+    if unp is not None:
+        differs |= unp != unp[starts][member]
+    bad = differs & ~supplied[member]
+    if bool(bad.any()):
+        k = int(member[int(torch.nonzero(bad)[0])])
+        a, b = int(starts[k]), int(starts[k]) + counts[k]
+        t, local = labels[k]
+        where = f"rollout {local} of trajectory {t}" if t >= 0 else f"rollout {local}"
+        detail = f"rows {a}..{b - 1} have rewards {x[a:b].tolist()}"
+        if unp is not None:
+            detail += f" (unpenalized {unp[a:b].tolist()})"
+        raise WorkflowContractError(f"rollout_reward: {where}: {detail}. {_SPLIT_ROWS_MESSAGE}")
+
+    mean, std = _baseline_std(transform(reference), None, config, bounds, None)
+    if config.std_level is None:
+        scale = torch.ones_like(std)
+    else:
+        scale = torch.where(std <= config.eps, torch.ones_like(std), std + config.eps)
+    return ((scores - mean[member]) / scale[member]).to(torch.float32)
