@@ -19,9 +19,15 @@ from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
+from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
+from ._group import GroupStatistics as GroupStatistics
+from ._group import run_group as run_group
 from ._interaction import Interaction as Interaction
 from ._interaction import interactions_to_trajectory as interactions_to_trajectory
 from ._io import ModelRequest as ModelRequest
+from ._normalize import NormConfig as NormConfig
+from ._normalize import normalize_advantages as normalize_advantages
+from ._normalize import normalize_rewards as normalize_rewards
 from ._io import ModelResponse as ModelResponse
 from ._padding import concat_trajectories as concat_trajectories
 from ._padding import split_trajectories as split_trajectories

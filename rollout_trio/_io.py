@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any, Literal
 
@@ -15,6 +16,9 @@ __all__ = ["ModelRequest", "ModelResponse", "StopReason"]
 
 StopReason = Literal["stop", "length", "tool_calls", "abort"]
 STOP_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "abort")
+
+
+_DEFAULT_GCONFIG = GenerationConfig()
 
 
 def _new_rid() -> str:
@@ -32,7 +36,7 @@ class ModelRequest:
 
     input_ids: tuple[int, ...] = attrs.field(converter=tuple, validator=int_list)
     gconfig: GenerationConfig = attrs.field(
-        factory=GenerationConfig,
+        default=_DEFAULT_GCONFIG,  # immutable, so one shared default is safe
         validator=rule("a GenerationConfig", lambda v: isinstance(v, GenerationConfig)),
     )
     rid: str = attrs.field(factory=_new_rid, validator=rule("a non-empty str", lambda v: isinstance(v, str) and v != ""))
@@ -46,6 +50,8 @@ class ModelRequest:
 
 
 def _version_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if all(type(v) is int for v in value):
+        return
     for i, v in enumerate(value):
         if not is_int(v):
             raise WorkflowContractError(
@@ -54,6 +60,9 @@ def _version_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
 
 
 def _logprob_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # Fast path: plain finite floats <= 0 (the sum is finite only if every term is).
+    if all(type(v) is float for v in value) and (not value or (max(value) <= 1e-6 and math.isfinite(sum(value)))):
+        return
     for i, v in enumerate(value):
         if not is_real(v) or v > 1e-6:
             raise WorkflowContractError(

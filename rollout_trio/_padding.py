@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ._errors import WorkflowContractError
 from ._rollout_group import RolloutGroup
@@ -42,17 +43,29 @@ def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
 
 
 def _concat_tensors(key: str, values: list[torch.Tensor]) -> torch.Tensor:
-    ndims = {v.ndim for v in values}
-    if len(ndims) != 1:
-        raise WorkflowContractError(f"{key!r}: dimension mismatch between slots; expected equal ndim, got {sorted(ndims)}")
-    dtype = values[0].dtype
-    for v in values[1:]:
-        dtype = torch.promote_types(dtype, v.dtype)
-    if values[0].ndim >= 2:
-        shape = [max(v.shape[d] for v in values) for d in range(values[0].ndim)]
-        pad = PAD_VALUES.get(key, 0)
-        values = [pad_to(v, shape, pad) for v in values]
-    return torch.cat([v.to(dtype) for v in values], dim=0)
+    first = values[0]
+    if any(v.ndim != first.ndim for v in values):
+        ndims = sorted({v.ndim for v in values})
+        raise WorkflowContractError(f"{key!r}: dimension mismatch between slots; expected equal ndim, got {ndims}")
+    dtype = first.dtype
+    for v in values:
+        if v.dtype != dtype:
+            dtype = torch.promote_types(dtype, v.dtype)  # integer dtypes widen
+    if any(v.dtype != dtype for v in values):
+        values = [v.to(dtype) for v in values]
+    if first.ndim == 1:
+        return torch.cat(values)
+    pad = PAD_VALUES.get(key, 0)
+    if first.ndim == 2 and all(v.shape[0] == 1 for v in values):
+        # The common case (one row per slot): one padded copy for the whole group.
+        return pad_sequence([v[0] for v in values], batch_first=True, padding_value=pad)
+    shape = [sum(v.shape[0] for v in values)] + [max(v.shape[d] for v in values) for d in range(1, first.ndim)]
+    out = torch.full(shape, pad, dtype=dtype, device=first.device)
+    row = 0
+    for v in values:
+        out[(slice(row, row + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
+        row += v.shape[0]
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -108,11 +121,18 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
                         f"{key!r}: non-tensor values must be equal in every slot; slot 0 has {first!r}, slot {i} has {v!r}"
                     )
             merged[key] = first
-    groups = [t.logical_group() for t in trajs]
-    merged["rollout_group"] = RolloutGroup(
-        tuple(c for g in groups for c in g.row_counts), tuple(r for g in groups for r in g.rewards)
-    )
-    return Trajectory.from_dict(merged)
+    counts: list[int] = []
+    refs: list[float | None] = []
+    for t in trajs:
+        if t.rollout_group is not None:
+            counts.extend(t.rollout_group.row_counts)
+            refs.extend(t.rollout_group.rewards)
+        else:
+            counts.append(t.batch_size)
+            refs.append(t.rollout_reward)
+    # Every part was validated and joining keeps the rules, so the result is not checked again.
+    known = {k: merged.pop(k) for k in KNOWN_KEYS if k in merged}
+    return Trajectory._unchecked(**known, rollout_group=RolloutGroup(tuple(counts), tuple(refs)), extras=merged)
 
 
 def split_trajectories(

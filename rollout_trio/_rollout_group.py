@@ -19,6 +19,8 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
     Accepts Python and NumPy reals and 0-d (or one-element 1-d) tensors and arrays;
     rejects bools, NaN, infinities and anything else with :class:`WorkflowContractError`.
     """
+    if type(value) is float and math.isfinite(value):  # the common case, without ABC checks
+        return value
     if isinstance(value, bool) or (hasattr(value, "dtype") and str(value.dtype) == "bool"):
         raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
     if hasattr(value, "ndim") and hasattr(value, "item"):  # torch tensor or numpy array/scalar

@@ -23,6 +23,7 @@ items, or any other value (kept as is). Nothing but the attention-mask cast is c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,38 @@ def _tensor(where: str, key: str, value: Any) -> torch.Tensor:
     return value
 
 
-def _validate_fields(t: Trajectory, where: str = "") -> None:
+def _bounds(value: torch.Tensor) -> tuple[float, float]:
+    # One reduction for min and max; NaN propagates into both, so it fails any bound check.
+    if value.numel() == 0:
+        return 0.0, 0.0
+    lo, hi = torch.aminmax(value)
+    return float(lo), float(hi)
+
+
+def _validate_values(t: Trajectory, where: str) -> None:
+    """Value rules, with as few tensor reductions as possible (this runs once per slot)."""
+    lo, _ = _bounds(t.input_ids)
+    if lo < 0:
+        raise _fail(where, "input_ids", "token ids must be non-negative", "ids >= 0", f"min {int(lo)}")
+    for key in ("logprobs", "rewards", "original_rewards"):
+        value = getattr(t, key)
+        if value is None:
+            continue
+        lo, hi = _bounds(value)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise _fail(where, key, "values must be finite", "finite values", "NaN or inf")
+        if key == "logprobs" and hi > 1e-6:
+            raise _fail(where, key, "log-probabilities must be <= 0", "values <= 0", f"max {hi}")
+    if t.loss_mask is not None:
+        lm = t.loss_mask
+        lo, hi = _bounds(lm)
+        if lo < 0 or hi > 1:
+            raise _fail(where, "loss_mask", "values must be 0 or 1", "0/1", f"values {sorted(set(lm.unique().tolist()))[:5]}")
+        if hi > 0 and bool(lm[~t.attention_mask].any()):
+            raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
+
+
+def _validate_fields(t: Trajectory, where: str = "", *, values: bool = True) -> None:
     ids = _tensor(where, "input_ids", t.input_ids)
     if ids.ndim != 2:
         raise _fail(where, "input_ids", "must be 2-D [batch, seqlen]", "ndim 2", f"shape {tuple(ids.shape)}")
@@ -102,18 +134,8 @@ def _validate_fields(t: Trajectory, where: str = "") -> None:
         expected_shape = (rows, width) if key in SEQUENCE_KEYS else (rows,)
         if tuple(value.shape) != expected_shape:
             raise _fail(where, key, "shape must match input_ids", f"shape {list(expected_shape)}", f"shape {list(value.shape)}")
-        if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-            raise _fail(where, key, "values must be finite", "finite values", "NaN or inf")
-    if bool((ids < 0).any()):
-        raise _fail(where, "input_ids", "token ids must be non-negative", "ids >= 0", f"min {int(ids.min())}")
-    if t.loss_mask is not None:
-        lm = t.loss_mask
-        if not bool(((lm == 0) | (lm == 1)).all()):
-            raise _fail(where, "loss_mask", "values must be 0 or 1", "0/1", f"values {sorted(set(lm.unique().tolist()))[:5]}")
-        if bool((lm.bool() & ~t.attention_mask).any()):
-            raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
-    if t.logprobs is not None and bool((t.logprobs > 1e-6).any()):
-        raise _fail(where, "logprobs", "log-probabilities must be <= 0", "values <= 0", f"max {float(t.logprobs.max())}")
+    if values:
+        _validate_values(t, where)
     if t.rollout_group is not None:
         if not isinstance(t.rollout_group, RolloutGroup):
             raise _fail(where, "rollout_group", "must be a RolloutGroup", "RolloutGroup", type(t.rollout_group).__name__)
@@ -170,6 +192,21 @@ class Trajectory:
     def __attrs_post_init__(self) -> None:
         _validate_fields(self)
 
+    @classmethod
+    def _unchecked(cls, **fields: Any) -> Trajectory:
+        """Build without validation, for results assembled from already validated parts."""
+        obj = object.__new__(cls)
+        for a in attrs.fields(cls):
+            default = a.default.factory() if isinstance(a.default, attrs.Factory) else a.default  # type: ignore[union-attr]
+            object.__setattr__(obj, a.name, fields.get(a.name, default))
+        return obj
+
+    def _replace_unchecked(self, **changes: Any) -> Trajectory:
+        """A copy with ``changes``, without validation (the caller guarantees them)."""
+        fields = {a.name: getattr(self, a.name) for a in attrs.fields(type(self))}
+        fields.update(changes)
+        return type(self)._unchecked(**fields)
+
     @property
     def batch_size(self) -> int:
         """Number of rows (B)."""
@@ -201,10 +238,11 @@ class Trajectory:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "") -> Trajectory:
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "", _values: bool = True) -> Trajectory:
         """Validate a plain dict (e.g. a workflow's result) and build a Trajectory.
 
-        ``where`` prefixes error messages (e.g. ``"slot 2: "``).
+        ``where`` prefixes error messages (e.g. ``"slot 2: "``). (``_values=False`` is
+        internal: it skips the value rules for callers that check a whole batch at once.)
         """
         if not isinstance(data, Mapping):
             raise WorkflowContractError(f"{where}trajectory: must be a dict of tensors, got {type(data).__name__}")
@@ -217,11 +255,21 @@ class Trajectory:
         known = {k: data[k] for k in KNOWN_KEYS if k in data}
         extras = {k: v for k, v in data.items() if k not in KNOWN_KEYS}
         try:
+            if not _values:
+                obj = cls._unchecked(**known, extras=dict(extras))
+                object.__setattr__(obj, "attention_mask", _cast_attention_mask(obj.attention_mask))
+                object.__setattr__(obj, "rollout_reward", _rollout_reward(obj.rollout_reward))
+                _validate_fields(obj, values=False)
+                return obj
             return cls(**known, extras=extras)
         except WorkflowContractError as exc:
             if where:
                 raise WorkflowContractError(f"{where}{exc}") from None
             raise
+
+    def _check_values(self, where: str = "") -> None:
+        """The value rules alone (the structure was checked at construction)."""
+        _validate_values(self, where)
 
     @classmethod
     def from_response(

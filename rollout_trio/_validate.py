@@ -40,6 +40,9 @@ def is_real(value: Any) -> bool:
 
 def int_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """Every element is a non-negative integer token id."""
+    # Fast path: plain ints (the common case) skip the slow numbers.Integral ABC check.
+    if all(type(v) is int for v in value) and (not value or min(value) >= 0):
+        return
     for i, v in enumerate(value):
         if not is_int(v) or v < 0:
             raise WorkflowContractError(

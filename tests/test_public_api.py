@@ -9,7 +9,7 @@ ROOT_NAMES = [
     "GenerationConfig", "ModelRequest", "ModelResponse", "Trajectory", "Interaction", "RolloutGroup",
     "WorkflowContractError", "concat_trajectories", "split_trajectories", "RolloutWorkflow",
     "resolve_workflow", "workflow_context", "EngineError", "EngineConnectError", "EngineTimeoutError",
-    "EngineServerError", "EngineProtocolError",
+    "EngineServerError", "EngineProtocolError", "GroupedRolloutWorkflow", "run_group", "NormConfig", "normalize_rewards",
 ]
 
 
