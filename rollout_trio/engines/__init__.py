@@ -1,4 +1,6 @@
 """Inference engines: the protocol, the embedded LocalEngine and the RemoteEngine client."""
 
+from ._local import LocalEngine as LocalEngine
+from ._local import LocalEngineStatistics as LocalEngineStatistics
 from ._protocol import InferenceEngine as InferenceEngine
 from ._protocol import WeightsSource as WeightsSource
