@@ -329,7 +329,11 @@ class LocalEngine:
     def statistics(self) -> LocalEngineStatistics:
         """A snapshot of the engine's counters."""
         with self._cond:
-            live = {s.rid for s in self._pending} | {s.rid for s in self._active if s.stop_reason is None}
+            # A cancelled row is out from the moment of cancellation (nothing is committed for
+            # it again); the worker only compacts its cache slot at the next step boundary.
+            live = {s.rid for s in self._pending} | {
+                s.rid for s in self._active if s.stop_reason is None and not s.cancelled
+            }
             return LocalEngineStatistics(
                 version=self._version,
                 paused=self._paused,

@@ -1,0 +1,4 @@
+"""Ready-made workflows."""
+
+from ._rlvr import RewardFn as RewardFn
+from ._rlvr import rlvr_workflow as rlvr_workflow
