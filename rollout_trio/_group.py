@@ -368,11 +368,12 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         else:
             refs = torch.tensor(self._row_references(rewards, group, slots), dtype=torch.float64)
         mean, scale = self._affine(refs)
-        norm_refs = rollout_time_apply(refs, mean, scale).tolist()
+        norm_rows = rollout_time_apply(rewards, mean, scale)
+        norm_refs = norm_rows if refs is rewards else rollout_time_apply(refs, mean, scale)
         return merged._replace_unchecked(
             original_rewards=rewards.clone(),
-            rewards=rollout_time_apply(rewards, mean, scale).to(rewards.dtype),
-            rollout_group=RolloutGroup(group.row_counts, tuple(norm_refs)),
+            rewards=norm_rows.to(rewards.dtype),
+            rollout_group=RolloutGroup(group.row_counts, tuple(norm_refs.tolist())),
         )
 
     @staticmethod

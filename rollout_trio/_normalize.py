@@ -45,6 +45,9 @@ _LEVELS = ("batch", "group", None)
 _F64 = torch.float64
 #: Rollout-time epsilon (spec §7.2), a float32 constant.
 _ROLLOUT_EPS = 1e-8
+_EPS32 = torch.tensor(_ROLLOUT_EPS, dtype=torch.float32)
+_EPS32_AS_FLOAT = float(_EPS32)  # the float32 value of 1e-8, exactly, as a Python float
+_ONE32 = torch.ones((), dtype=torch.float32)
 _SPLIT_ROWS_MESSAGE = (
     "Split rollout row rewards differ; supply an explicit rollout_reward for reward normalization."
 )
@@ -306,16 +309,15 @@ def rollout_time_affine(references: torch.Tensor | Sequence[float]) -> tuple[tor
     if r.ndim != 1 or r.numel() == 0:
         raise ValueError(f"references: must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
     r = r.to(torch.float32)
-    if not bool(torch.isfinite(r).all()):
-        raise ValueError(f"references: must be finite, got {r.tolist()!r}")
     mean = r.mean()
-    if r.numel() > 1:
-        dev = r - mean
-        std = torch.sqrt((dev * dev).mean())
-    else:
-        std = torch.ones((), dtype=torch.float32)
-    eps = torch.tensor(_ROLLOUT_EPS, dtype=torch.float32)
-    scale = torch.where(std <= eps, torch.ones((), dtype=torch.float32), std + eps)
+    if not math.isfinite(float(mean)):  # a NaN or inf anywhere makes the mean non-finite
+        raise ValueError(f"references: must be finite, got {r.tolist()!r}")
+    if r.numel() == 1:
+        return mean, _ONE32
+    dev = r - mean
+    std = torch.sqrt((dev * dev).mean())
+    # float32 comparison against float32 eps, as the reference does it at rollout time.
+    scale = _ONE32 if float(std) <= _EPS32_AS_FLOAT else std + _EPS32
     return mean, scale
 
 

@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from ._errors import WorkflowContractError
 from ._rollout_group import RolloutGroup
@@ -42,25 +41,48 @@ def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
     return out
 
 
-def _concat_tensors(key: str, values: list[torch.Tensor]) -> torch.Tensor:
+class _RowLayout:
+    """Where the rows of one-row items land in the padded batch, shared by every key.
+
+    Joining the items along dim 1 gives their values in row-major order, which is the
+    order in which the boolean mask selects the batch's real positions: one fill and one
+    masked assignment per key, instead of one padding op per item.
+    """
+
+    def __init__(self, widths: list[int]) -> None:
+        self.widths = widths
+        self.width = max(widths)
+        lengths = torch.tensor(widths)
+        self.mask = torch.arange(self.width) < lengths[:, None]
+
+    def place(self, values: list[torch.Tensor], pad: Any) -> torch.Tensor:
+        first = values[0]
+        if self.mask.device != first.device:
+            self.mask = self.mask.to(first.device)
+        out = torch.full((len(values), self.width), pad, dtype=first.dtype, device=first.device)
+        return out.masked_scatter_(self.mask, torch.cat(values, dim=1))
+
+
+def _concat_tensors(key: str, values: list[torch.Tensor], layout: _RowLayout | None = None) -> torch.Tensor:
     first = values[0]
-    if any(v.ndim != first.ndim for v in values):
-        ndims = sorted({v.ndim for v in values})
-        raise WorkflowContractError(f"{key!r}: dimension mismatch between slots; expected equal ndim, got {ndims}")
-    dtype = first.dtype
-    for v in values:
-        if v.dtype != dtype:
-            dtype = torch.promote_types(dtype, v.dtype)  # integer dtypes widen
-    if any(v.dtype != dtype for v in values):
+    ndims = {v.ndim for v in values}
+    if len(ndims) != 1:
+        raise WorkflowContractError(f"{key!r}: dimension mismatch between slots; expected equal ndim, got {sorted(ndims)}")
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) > 1:
+        dtype = first.dtype
+        for d in dtypes:
+            dtype = torch.promote_types(dtype, d)  # integer dtypes widen
         values = [v.to(dtype) for v in values]
     if first.ndim == 1:
         return torch.cat(values)
     pad = PAD_VALUES.get(key, 0)
-    if first.ndim == 2 and all(v.shape[0] == 1 for v in values):
-        # The common case (one row per slot): one padded copy for the whole group.
-        return pad_sequence([v[0] for v in values], batch_first=True, padding_value=pad)
+    if layout is not None and first.ndim == 2 and first.shape[1] == layout.widths[0] and all(
+        v.shape[1] == w for v, w in zip(values, layout.widths)
+    ):
+        return layout.place(values, pad)
     shape = [sum(v.shape[0] for v in values)] + [max(v.shape[d] for v in values) for d in range(1, first.ndim)]
-    out = torch.full(shape, pad, dtype=dtype, device=first.device)
+    out = torch.full(shape, pad, dtype=values[0].dtype, device=first.device)
     row = 0
     for v in values:
         out[(slice(row, row + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
@@ -103,13 +125,15 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
                 f"got missing {missing} and extra {extra}"
             )
     merged: dict[str, Any] = {}
+    ids = [t.input_ids for t in trajs]
+    layout = _RowLayout([v.shape[1] for v in ids]) if all(v.shape[0] == 1 for v in ids) else None
     for key in keys:
         values = [d[key] for d in dicts]
         first = values[0]
         if isinstance(first, torch.Tensor) and first.ndim >= 1:
             if not all(isinstance(v, torch.Tensor) and v.ndim >= 1 for v in values):
                 raise WorkflowContractError(f"{key!r}: a tensor in slot 0 but not in every slot")
-            merged[key] = _concat_tensors(key, values)
+            merged[key] = _concat_tensors(key, values, layout)
         elif isinstance(first, list):
             if not all(isinstance(v, list) for v in values):
                 raise WorkflowContractError(f"{key!r}: a list in slot 0 but not in every slot")

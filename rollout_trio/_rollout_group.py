@@ -42,6 +42,8 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
 
 
 def _row_counts(value: Any) -> tuple[int, ...]:
+    if type(value) is tuple and value and all(type(c) is int for c in value) and min(value) >= 1:
+        return value  # the common case, without ABC checks
     try:
         counts = tuple(value)
     except TypeError:

@@ -75,6 +75,11 @@ _DTYPES = {
 }
 
 
+# (key, dtype kind, one value per position?) for every tensor key, in validation order.
+_TENSOR_KEYS = tuple((key, _DTYPES[key], key in SEQUENCE_KEYS) for key in SEQUENCE_KEYS + ROW_KEYS)
+_DTYPE_OK: dict[tuple[str, torch.dtype], bool] = {}
+
+
 def _fail(where: str, key: str, rule: str, expected: str, got: str) -> WorkflowContractError:
     return WorkflowContractError(f"{where}{key!r}: {rule}; expected {expected}, got {got}")
 
@@ -123,16 +128,20 @@ def _validate_fields(t: Trajectory, where: str = "", *, values: bool = True) -> 
     rows, width = ids.shape
     if rows < 1:
         raise _fail(where, "input_ids", "must hold at least one row", "B >= 1", f"shape {tuple(ids.shape)}")
-    for key in SEQUENCE_KEYS + ROW_KEYS:
+    seq_shape, row_shape = (rows, width), (rows,)
+    for key, kind, per_position in _TENSOR_KEYS:
         value = getattr(t, key)
         if value is None:
             continue
-        value = _tensor(where, key, value)
-        kind = _DTYPES[key]
-        if not _dtype_ok(kind, value.dtype):
+        if type(value) is not torch.Tensor:
+            value = _tensor(where, key, value)
+        ok = _DTYPE_OK.get((kind, value.dtype))
+        if ok is None:
+            ok = _DTYPE_OK[(kind, value.dtype)] = _dtype_ok(kind, value.dtype)
+        if not ok:
             raise _fail(where, key, "wrong dtype", kind, str(value.dtype))
-        expected_shape = (rows, width) if key in SEQUENCE_KEYS else (rows,)
-        if tuple(value.shape) != expected_shape:
+        expected_shape = seq_shape if per_position else row_shape
+        if value.shape != expected_shape:
             raise _fail(where, key, "shape must match input_ids", f"shape {list(expected_shape)}", f"shape {list(value.shape)}")
     if values:
         _validate_values(t, where)
@@ -196,9 +205,11 @@ class Trajectory:
     def _unchecked(cls, **fields: Any) -> Trajectory:
         """Build without validation, for results assembled from already validated parts."""
         obj = object.__new__(cls)
-        for a in attrs.fields(cls):
-            default = a.default.factory() if isinstance(a.default, attrs.Factory) else a.default  # type: ignore[union-attr]
-            object.__setattr__(obj, a.name, fields.get(a.name, default))
+        setattr_ = object.__setattr__
+        for name in _FIELD_NAMES:
+            setattr_(obj, name, fields.get(name))
+        if obj.extras is None:
+            setattr_(obj, "extras", {})
         return obj
 
     def _replace_unchecked(self, **changes: Any) -> Trajectory:
@@ -333,3 +344,8 @@ def check_trajectory_format(
         if missing:
             raise WorkflowContractError(f"trajectory: keys {missing} are missing; expected {sorted(expected_keys)}")
     return True
+
+
+# Every field but ``extras`` defaults to None (checked at import, used by ``_unchecked``).
+_FIELD_NAMES = tuple(a.name for a in attrs.fields(Trajectory))
+assert all(a.default is None for a in attrs.fields(Trajectory) if a.name not in ("input_ids", "attention_mask", "extras"))
