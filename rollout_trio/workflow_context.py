@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from typing import Any, TypeVar
 
 import attrs
 import httpx
@@ -67,6 +67,7 @@ class WorkflowContext:
         return attrs.evolve(self, **changes)
 
 
+T = TypeVar("T")
 _DEFAULT = WorkflowContext()
 _context: contextvars.ContextVar[WorkflowContext] = contextvars.ContextVar("rollout_trio.workflow_context")
 _http: contextvars.ContextVar[httpx.AsyncClient] = contextvars.ContextVar("rollout_trio.http_client")
@@ -85,13 +86,17 @@ def set(ctx: WorkflowContext) -> contextvars.Token[WorkflowContext]:  # noqa: A0
 
 
 @contextmanager
-def use(ctx: WorkflowContext) -> Iterator[WorkflowContext]:
-    """Install ``ctx`` for the duration of the ``with`` block."""
-    token = _context.set(ctx)
+def _bound(var: contextvars.ContextVar[T], value: T) -> Iterator[T]:
+    token = var.set(value)
     try:
-        yield ctx
+        yield value
     finally:
-        _context.reset(token)
+        var.reset(token)
+
+
+def use(ctx: WorkflowContext) -> AbstractContextManager[WorkflowContext]:
+    """Install ``ctx`` for the duration of the ``with`` block."""
+    return _bound(_context, ctx)
 
 
 def stat_scope() -> str:
@@ -105,14 +110,9 @@ def stats_recorder() -> StatsRecorder:
     return _stats.get(_process_stats)
 
 
-@contextmanager
-def use_stats_recorder(recorder: StatsRecorder) -> Iterator[StatsRecorder]:
+def use_stats_recorder(recorder: StatsRecorder) -> AbstractContextManager[StatsRecorder]:
     """Send statistics recorded inside the ``with`` block (and its tasks) to ``recorder``."""
-    token = _stats.set(recorder)
-    try:
-        yield recorder
-    finally:
-        _stats.reset(token)
+    return _bound(_stats, recorder)
 
 
 @asynccontextmanager
@@ -124,11 +124,8 @@ async def open_http_client(**client_kwargs: Any) -> AsyncIterator[httpx.AsyncCli
     """
     client_kwargs.setdefault("timeout", httpx.Timeout(60.0, connect=10.0))
     async with httpx.AsyncClient(**client_kwargs) as client:
-        token = _http.set(client)
-        try:
+        with _bound(_http, client):
             yield client
-        finally:
-            _http.reset(token)
 
 
 def http_client() -> httpx.AsyncClient:
