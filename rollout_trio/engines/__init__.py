@@ -4,3 +4,6 @@ from ._local import LocalEngine as LocalEngine
 from ._local import LocalEngineStatistics as LocalEngineStatistics
 from ._protocol import InferenceEngine as InferenceEngine
 from ._protocol import WeightsSource as WeightsSource
+from ._remote import RemoteEngine as RemoteEngine
+from ._remote_http import RetryPolicy as RetryPolicy
+from ._transport import TrioTransport as TrioTransport

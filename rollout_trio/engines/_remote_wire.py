@@ -1,0 +1,137 @@
+"""Wire-level types and body validators shared by the SGLang and vLLM backends.
+
+A backend turns one generation *segment* into an :class:`HttpCall` and parses the
+server's JSON answer into a :class:`Segment`. The validators here raise
+:class:`~rollout_trio.EngineProtocolError` naming the JSON path and the rule broken, so
+a malformed body never surfaces as an ``IndexError`` or ``KeyError`` deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import attrs
+
+from .._errors import EngineProtocolError
+
+__all__ = ["HttpCall", "Segment", "SegmentStop", "field", "int_list", "logprob", "logprob_list", "parse_version"]
+
+SegmentStop = Literal["stop", "length", "tool_calls", "abort"]
+
+
+@attrs.frozen
+class HttpCall:
+    """One HTTP request to a server: method, path, JSON body and query params."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Segment:
+    """What one generation request (one segment) returned.
+
+    ``versions`` holds one int per token when the server reports per-token weight
+    versions (vLLM ``weight_versions``), else ``None``. ``server_version`` is a single
+    version the server reported for the whole answer (SGLang ``meta_info.weight_version``),
+    or ``None``.
+    """
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: SegmentStop
+    versions: list[int] | None = None
+    server_version: int | None = None
+    message: str = ""
+
+
+def field(body: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, where: str = "") -> Any:
+    """``body[path[0]][path[1]]...``, checked at every step.
+
+    Raises:
+        EngineProtocolError: a step is missing or has the wrong type; the message names
+            the JSON path (``where`` prefixes it, e.g. the endpoint).
+    """
+    cur = body
+    walked = ""
+    for step in path:
+        walked += f"[{step!r}]"
+        if isinstance(step, int):
+            if not isinstance(cur, list) or not -len(cur) <= step < len(cur):
+                raise EngineProtocolError(f"{where}: response{walked}: missing (expected a list with index {step})")
+            cur = cur[step]
+        else:
+            if not isinstance(cur, dict) or step not in cur:
+                raise EngineProtocolError(f"{where}: response{walked}: missing (expected an object with key {step!r})")
+            cur = cur[step]
+    if kind is not None and not isinstance(cur, kind):
+        raise EngineProtocolError(
+            f"{where}: response{walked}: must be {_kind_name(kind)}, got {type(cur).__name__} {_short(cur)}"
+        )
+    return cur
+
+
+def int_list(value: Any, what: str) -> list[int]:
+    """``value`` as a list of non-negative ints (token ids), else :class:`EngineProtocolError`."""
+    if not isinstance(value, list):
+        raise EngineProtocolError(f"{what}: must be a list of token ids, got {type(value).__name__}")
+    for i, v in enumerate(value):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise EngineProtocolError(f"{what}[{i}]: must be a token id (int >= 0), got {_short(v)}")
+    return value
+
+
+def logprob_list(value: Any, what: str) -> list[float]:
+    """``value`` as a list of finite log-probabilities.
+
+    ``null``, NaN, infinities, positive values and vLLM's ``-9999.0`` (its marker for both
+    "missing" and "clamped") are rejected with :class:`EngineProtocolError`.
+    """
+    if not isinstance(value, list):
+        raise EngineProtocolError(f"{what}: must be a list of logprobs, got {type(value).__name__}")
+    out: list[float] = []
+    for i, v in enumerate(value):
+        out.append(logprob(v, f"{what}[{i}]"))
+    return out
+
+
+def logprob(v: Any, what: str) -> float:
+    """One finite log-probability (see :func:`logprob_list`)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise EngineProtocolError(f"{what}: must be a finite logprob, got {_short(v)}")
+    f = float(v)
+    if not math.isfinite(f) or f > 1e-6 or f == -9999.0:
+        raise EngineProtocolError(f"{what}: must be a finite logprob <= 0 (not -9999.0), got {f!r}")
+    return f
+
+
+def parse_version(value: Any, what: str) -> int:
+    """A server's weight-version string as an int; ``"default"`` is version 0.
+
+    Raises:
+        EngineProtocolError: the value is neither ``"default"`` nor an integer.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value == "default":
+            return 0
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise EngineProtocolError(f"{what}: must be an integer weight version or 'default', got {_short(value)}")
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."

@@ -1,0 +1,191 @@
+"""Routing: strategies, rid affinity, down marks, health probes, and fan-out of control calls."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import trio
+
+from rollout_trio import GenerationConfig, ModelRequest
+from rollout_trio.engines import RemoteEngine
+from rollout_trio.engines._remote_http import RetryPolicy
+from rollout_trio.engines._routing import Router, Server, normalize_address
+
+from .conftest_remote import FakeServer, Reply, default_reply, sglang_body
+
+
+def servers(n: int) -> list[Server]:
+    return [Server(f"http://s{i}", None) for i in range(n)]
+
+
+def test_round_robin_cycles_from_a_random_start() -> None:
+    ss = servers(3)
+    r = Router(ss, rng=random.Random(1), affinity_size=0)
+    picks = [r.choose(f"r{i}") for i in range(6)]
+    assert picks[:3] == picks[3:] and set(picks) == set(ss)
+
+
+def test_least_in_flight_prefers_idle_servers() -> None:
+    ss = servers(3)
+    r = Router(ss, strategy="least_in_flight", affinity_size=0, rng=random.Random(0))
+    ss[0].in_flight, ss[1].in_flight, ss[2].in_flight = 3, 1, 2
+    assert r.choose("a") is ss[1]
+    with r.track(ss[1]), r.track(ss[1]):
+        assert ss[1].in_flight == 3
+        assert r.choose("b") is ss[2]
+    assert ss[1].in_flight == 1
+
+
+def test_affinity_is_sticky_bounded_and_skips_down_servers() -> None:
+    ss = servers(3)
+    r = Router(ss, affinity_size=2, rng=random.Random(0))
+    first = r.choose("x")
+    assert all(r.choose("x") is first for _ in range(5))
+    r.choose("y")
+    r.choose("z")  # evicts "x" (FIFO of 2)
+    assert r.affine("x") is None and r.affine("z") is not None
+    r.mark_down(r.affine("z"))  # type: ignore[arg-type]
+    moved = r.choose("z")
+    assert moved.up and r.affine("z") is moved
+
+
+def test_down_servers_are_skipped_until_all_are_down() -> None:
+    ss = servers(3)
+    r = Router(ss, affinity_size=0, rng=random.Random(0))
+    r.mark_down(ss[0])
+    r.mark_down(ss[1])
+    assert {r.choose(str(i)) for i in range(4)} == {ss[2]}
+    r.mark_down(ss[2])
+    assert {r.choose(str(i)) for i in range(6)} == set(ss)  # nothing up: try them all
+    assert r.choose("e", exclude={ss[0], ss[1]}) is ss[2]
+    r.mark_up(ss[0])
+    assert ss[0].up and ss[0].failures == 0
+
+
+def test_router_and_engine_validate_arguments() -> None:
+    with pytest.raises(ValueError, match="strategy"):
+        Router(servers(1), strategy="random")
+    with pytest.raises(ValueError, match="at least one"):
+        Router([])
+    with pytest.raises(ValueError, match="backend"):
+        RemoteEngine("a:1", "tgi")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_timeout"):
+        RemoteEngine("a:1", request_timeout=0)
+    assert normalize_address("h:1/") == "http://h:1" and normalize_address("https://h") == "https://h"
+    eng = RemoteEngine("a:1, b:2")
+    assert [s.base_url for s in eng.servers] == ["http://a:1", "http://b:2"]
+
+
+def counting_script(name: str, hits: dict[str, int]) -> Any:
+    async def script(method: str, path: str, body: Any) -> Reply:
+        if path == "/generate":
+            hits[name] = hits.get(name, 0) + 1
+            return 200, sglang_body([1, 2])
+        return await default_reply(method, path, body)
+
+    return script
+
+
+async def run_server(
+    server: FakeServer, *, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            task_status.started(scope)
+
+
+async def test_failed_server_is_marked_down_traffic_moves_and_it_comes_back() -> None:
+    hits: dict[str, int] = {}
+    a, b = FakeServer(counting_script("a", hits)), FakeServer(counting_script("b", hits))
+    g = GenerationConfig(max_new_tokens=2)
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            scope_a = await nursery.start(run_server, a)
+            await nursery.start(run_server, b)
+            retry = RetryPolicy(attempts=3, backoff_base=0.01, backoff_max=0.02)
+            async with RemoteEngine(
+                [a.address, b.address], health_interval=0.1, retry=retry, seed=0, setup_timeout=5
+            ) as eng:
+                for i in range(4):
+                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
+                assert hits == {"a": 2, "b": 2}
+                scope_a.cancel()  # server a goes away
+                await trio.sleep(0.05)
+                for i in range(4, 10):
+                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
+                assert hits["b"] == 8 and hits["a"] == 2
+                assert not eng.servers[0].up
+                await nursery.start(run_server, a)  # back on the same port
+                with trio.fail_after(3):
+                    while not eng.servers[0].up:
+                        await trio.sleep(0.05)
+                for i in range(10, 14):
+                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
+                assert hits["a"] == 4
+            nursery.cancel_scope.cancel()
+
+
+async def test_rid_affinity_keeps_a_conversation_on_one_server() -> None:
+    hits: dict[str, int] = {}
+    a, b = FakeServer(counting_script("a", hits)), FakeServer(counting_script("b", hits))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            async with RemoteEngine([a.address, b.address], seed=0, setup_timeout=5) as eng:
+                for _ in range(5):
+                    await eng.agenerate(
+                        ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2), rid="conv")
+                    )
+            nursery.cancel_scope.cancel()
+    assert sorted(hits.values()) == [5]
+
+
+async def test_least_in_flight_spreads_concurrent_requests() -> None:
+    hits: dict[str, int] = {}
+
+    def slow(name: str) -> Any:
+        async def script(method: str, path: str, body: Any) -> Reply:
+            if path == "/generate":
+                hits[name] = hits.get(name, 0) + 1
+                await trio.sleep(0.2)
+                return 200, sglang_body([1])
+            return await default_reply(method, path, body)
+
+        return script
+
+    a, b = FakeServer(slow("a")), FakeServer(slow("b"))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            eng = RemoteEngine([a.address, b.address], routing="least_in_flight", seed=0, setup_timeout=5)
+            async with eng, trio.open_nursery() as inner:
+                for i in range(8):
+                    req = ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=1), rid=f"q{i}")
+                    inner.start_soon(eng.agenerate, req)
+            nursery.cancel_scope.cancel()
+    assert hits == {"a": 4, "b": 4}
+
+
+async def test_control_calls_reach_every_server_and_failures_are_grouped() -> None:
+    async def broken(method: str, path: str, body: Any) -> Reply:
+        if path == "/pause_generation":
+            return 400, {"error": {"message": "cannot pause"}}
+        return await default_reply(method, path, body)
+
+    a, b = FakeServer(default_reply), FakeServer(broken)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            async with RemoteEngine([a.address, b.address], seed=0, setup_timeout=5) as eng:
+                await eng.resume()
+                with pytest.RaisesGroup(pytest.RaisesExc(Exception, match="HTTP 400: cannot pause")):
+                    await eng.pause()
+            nursery.cancel_scope.cancel()
+    assert a.paths("/continue_generation") == b.paths("/continue_generation") == [{}]
+    assert a.paths("/pause_generation") == [{"mode": "abort"}]
