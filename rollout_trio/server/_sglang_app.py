@@ -1,0 +1,437 @@
+"""SGLang's native HTTP protocol in front of any :class:`InferenceEngine`.
+
+Endpoints: ``/generate``, ``/abort_request``, ``/pause_generation``,
+``/continue_generation``, ``/update_weights_from_disk``, ``/update_weight_version``,
+``/get_weight_version``, ``/health``, ``/get_model_info``, ``/get_server_info`` and
+``/stats`` (counters for tests and operators).
+
+Generation runs in chunks of ``segment_tokens`` tokens (one ``agenerate`` call each, the
+prompt growing by what was generated), so that a pause in ``abort`` mode, an abort or a
+weight update can end a request at a chunk boundary *with its partial output*, as SGLang
+does. Pause modes: ``abort`` ends in-flight requests with ``finish_reason`` ``abort`` and
+their partial tokens, and ends requests that arrive while paused at once ("Abort before
+prefill"); ``retract`` and ``in_place`` hold requests until ``/continue_generation``.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from .._config import TOP_K_OFF, GenerationConfig
+from .._errors import EngineError, RolloutError, UnsupportedRequestError, WorkflowContractError
+from .._io import ModelRequest
+from ..engines._protocol import InferenceEngine
+from ._http import Request, Response, json_response
+
+__all__ = ["SGLangApp"]
+
+_HISTORY = 4096  # rids remembered in the counters
+
+_NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": 1}
+_KNOWN = {
+    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop",
+    "ignore_eos", "skip_special_tokens", "frequency_penalty", "sampling_seed", "no_stop_trim",
+    "spaces_between_special_tokens", *_NEUTRAL,
+}  # fmt: skip
+
+
+class BadRequest(Exception):
+    """A request the server refuses with HTTP 400."""
+
+
+class EngineFailure(Exception):
+    """The engine failed: HTTP 500 (worth retrying elsewhere)."""
+
+
+def _error(message: str, status: int = 400) -> Response:
+    return json_response({"error": {"message": message, "code": status}}, status)
+
+
+class _Live:
+    """One /generate request in progress."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.chunk: trio.CancelScope | None = None
+        self.reason: str | None = None  # "abort" | "pause" | "hold" | "update"
+
+    def interrupt(self, reason: str) -> None:
+        if self.reason is None or reason in ("abort", "pause", "update"):
+            self.reason = reason
+        if self.chunk is not None:
+            self.chunk.cancel()
+
+
+class _Ring:
+    """A bounded, ordered set of rids."""
+
+    def __init__(self) -> None:
+        self._d: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def add(self, rid: str) -> None:
+        self._d[rid] = None
+        while len(self._d) > _HISTORY:
+            self._d.popitem(last=False)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._d
+
+    def discard(self, rid: str) -> None:
+        self._d.pop(rid, None)
+
+    def list(self) -> list[str]:
+        return list(self._d)
+
+
+class SGLangApp:
+    """Answers SGLang-protocol requests with ``engine``.
+
+    Args:
+        engine: the engine to serve (entered by the caller).
+        model_path: what ``/get_model_info`` reports.
+        segment_tokens: tokens per engine call (the granularity of aborts and pauses).
+        step_delay: seconds to sleep after each chunk (slows generation down for demos
+            and fault tests).
+        tokenizer: decodes ``text`` in answers when given.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        *,
+        model_path: str = "tiny",
+        segment_tokens: int = 16,
+        step_delay: float = 0.0,
+        tokenizer: Any = None,
+    ) -> None:
+        if segment_tokens < 1:
+            raise ValueError(f"segment_tokens: must be >= 1, got {segment_tokens}")
+        self.engine = engine
+        self.model_path = model_path
+        self.segment_tokens = segment_tokens
+        self.step_delay = step_delay
+        self.tokenizer = tokenizer
+        self.weight_version = "default"
+        self._pause_mode: str | None = None
+        self._updating = False
+        self._changed = trio.Event()
+        self._update_lock = trio.Lock()
+        self._live: dict[str, _Live] = {}
+        self._early_aborts = _Ring()
+        self.finished = _Ring()
+        self.aborted = _Ring()
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/health_generate"): self._health,
+            ("GET", "/get_model_info"): self._model_info,
+            ("GET", "/get_server_info"): self._server_info,
+            ("GET", "/get_weight_version"): self._get_weight_version,
+            ("GET", "/stats"): self._stats,
+            ("POST", "/generate"): self._generate,
+            ("POST", "/abort_request"): self._abort,
+            ("POST", "/pause_generation"): self._pause,
+            ("POST", "/continue_generation"): self._continue,
+            ("POST", "/update_weights_from_disk"): self._update_from_disk,
+            ("POST", "/update_weight_version"): self._update_weight_version,
+        }
+
+    async def __call__(self, request: Request) -> Response:
+        """Route one request."""
+        route = self._routes.get((request.method, request.path))
+        if route is None:
+            if any(path == request.path for _, path in self._routes):
+                return _error(f"method {request.method} not allowed on {request.path}", 405)
+            return _error(f"no endpoint {request.path}", 404)
+        try:
+            body = request.json() if request.method == "POST" else None
+        except ValueError as exc:
+            return _error(f"body is not JSON: {exc}")
+        if request.method == "POST" and body is not None and not isinstance(body, dict):
+            return _error("body must be a JSON object")
+        try:
+            return await route(body or {})
+        except BadRequest as exc:
+            return _error(str(exc))
+        except EngineFailure as exc:
+            return _error(str(exc), 500)
+
+    # ------------------------------------------------------------------ state
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _held(self) -> bool:
+        return self._updating or self._pause_mode in ("retract", "in_place")
+
+    # ------------------------------------------------------------------ info
+
+    async def _health(self, _body: dict[str, Any]) -> Response:
+        return Response(200, b"")
+
+    async def _model_info(self, _body: dict[str, Any]) -> Response:
+        return json_response(
+            {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "is_generation": True,
+                "weight_version": self.weight_version,
+                "engine_version": self.engine.get_version(),
+                "stats": self._stats_dict(),
+            }
+        )
+
+    async def _server_info(self, _body: dict[str, Any]) -> Response:
+        return json_response(
+            {"server": "rollout-trio serve", "protocol": "sglang", "segment_tokens": self.segment_tokens,
+             "weight_version": self.weight_version, "paused": self._pause_mode}
+        )  # fmt: skip
+
+    async def _get_weight_version(self, _body: dict[str, Any]) -> Response:
+        return json_response({"weight_version": self.weight_version})
+
+    def _stats_dict(self) -> dict[str, Any]:
+        return {
+            **{k: self.counters[k] for k in sorted(self.counters)},
+            "in_flight": len(self._live),
+            "in_flight_rids": sorted(self._live),
+            "paused": self._pause_mode,
+            "finished_rids": self.finished.list(),
+            "aborted_rids": self.aborted.list(),
+        }
+
+    async def _stats(self, _body: dict[str, Any]) -> Response:
+        return json_response(self._stats_dict())
+
+    # ------------------------------------------------------------------ control
+
+    async def _abort(self, body: dict[str, Any]) -> Response:
+        self.counters["abort_requests"] += 1
+        if body.get("abort_all"):
+            for live in list(self._live.values()):
+                live.interrupt("abort")
+            return Response(200, b"", "text/plain")
+        rid = body.get("rid")
+        if not isinstance(rid, str) or not rid:
+            raise BadRequest("abort_request: 'rid' must be a non-empty string (or send abort_all: true)")
+        self.aborted.add(rid)
+        target = self._live.get(rid)
+        if target is not None:
+            target.interrupt("abort")
+        else:
+            self._early_aborts.add(rid)  # its /generate may still be on the way
+        return Response(200, b"", "text/plain")
+
+    async def _pause(self, body: dict[str, Any]) -> Response:
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            raise BadRequest(f"pause_generation: mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+        self._pause_mode = mode
+        self.counters["pauses"] += 1
+        for live in list(self._live.values()):
+            live.interrupt("pause" if mode == "abort" else "hold")
+        self._notify()
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _continue(self, _body: dict[str, Any]) -> Response:
+        self._pause_mode = None
+        self._notify()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def _update_from_disk(self, body: dict[str, Any]) -> Response:
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("update_weights_from_disk: 'model_path' must be a non-empty string")
+        label = body.get("weight_version")
+        if label is not None and not isinstance(label, str):
+            raise BadRequest("update_weights_from_disk: 'weight_version' must be a string")
+        async with self._update_lock:
+            version = self._version_for(label) if label is not None else self.engine.get_version()
+            self._updating = True
+            reason = "update" if body.get("abort_all_requests") else "hold"
+            n = len(self._live)
+            for live in list(self._live.values()):
+                live.interrupt(reason)
+            self._notify()
+            try:
+                await self.engine.update_weights(path, version)
+            except (RolloutError, OSError, ValueError) as exc:
+                return json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, 400)
+            finally:
+                self._updating = False
+                self._notify()
+            if label is not None:
+                self.weight_version = label
+            self.counters["weight_updates"] += 1
+        return json_response(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": n}
+        )
+
+    async def _update_weight_version(self, body: dict[str, Any]) -> Response:
+        label = body.get("new_version")
+        if not isinstance(label, str) or not label:
+            raise BadRequest("update_weight_version: 'new_version' must be a non-empty string")
+        if body.get("abort_all_requests"):
+            for live in list(self._live.values()):
+                live.interrupt("update")
+        self.engine.set_version(self._version_for(label))
+        self.weight_version = label
+        return json_response({"success": True, "new_version": label})
+
+    def _version_for(self, label: str) -> int:
+        if label == "default":
+            return 0
+        try:
+            return int(label)
+        except ValueError:
+            return self.engine.get_version() + 1
+
+    # ------------------------------------------------------------------ generation
+
+    def _gconfig(self, sp: Any) -> GenerationConfig:
+        if sp is None:
+            sp = {}
+        if not isinstance(sp, dict):
+            raise BadRequest("generate: 'sampling_params' must be an object (batches are not supported)")
+        unknown = sorted(set(sp) - _KNOWN)
+        if unknown:
+            raise BadRequest(f"generate: sampling_params: unsupported keys {unknown}")
+        for key, neutral in _NEUTRAL.items():
+            if key in sp and sp[key] != neutral:
+                raise BadRequest(f"generate: sampling_params.{key}: only {neutral!r} is supported, got {sp[key]!r}")
+        try:
+            top_k = sp.get("top_k", -1)
+            temperature = sp.get("temperature", 1.0)
+            fields: dict[str, Any] = {
+                "max_new_tokens": sp.get("max_new_tokens", 128),
+                "min_new_tokens": sp.get("min_new_tokens", 0),
+                "temperature": temperature if temperature is not None and temperature > 1e-5 else 1.0,
+                "greedy": temperature is not None and temperature <= 1e-5,
+                "top_p": sp.get("top_p", 1.0),
+                "top_k": TOP_K_OFF
+                if top_k in (-1, 0, None) or (isinstance(top_k, int) and top_k >= TOP_K_OFF)
+                else top_k,
+                "stop_token_ids": sp.get("stop_token_ids") or (),
+                "stop": sp.get("stop") or None,
+                "ignore_eos": sp.get("ignore_eos", False),
+                "skip_special_tokens": sp.get("skip_special_tokens", True),
+                "frequency_penalty": sp.get("frequency_penalty", 0.0),
+                "seed": sp.get("sampling_seed"),
+            }
+            return GenerationConfig(**fields)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(f"generate: sampling_params: {exc}") from None
+
+    async def _generate(self, body: dict[str, Any]) -> Response:
+        self.counters["generate_received"] += 1
+        if body.get("stream"):
+            raise BadRequest("generate: stream=true is not supported by this server")
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise BadRequest(
+                "generate: 'input_ids' must be a non-empty list of token ids (text and batches are not supported)"
+            )
+        rid = body.get("rid") or uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise BadRequest("generate: 'rid' must be a string")
+        if rid in self._live:
+            raise BadRequest(f"generate: duplicate request id {rid!r} is in flight")
+        gconfig = self._gconfig(body.get("sampling_params"))
+        return_logprob = bool(body.get("return_logprob", False))
+        live = _Live(rid)
+        if rid in self._early_aborts:
+            self._early_aborts.discard(rid)
+            live.reason = "abort"
+        self._live[rid] = live
+        start = time.perf_counter()
+        try:
+            tokens, logprobs, finish = await self._run(live, list(ids), gconfig)
+        except trio.Cancelled:
+            self.counters["generate_cancelled"] += 1
+            raise
+        finally:
+            del self._live[rid]
+        if finish["type"] == "abort":
+            if live.reason == "abort":
+                self.aborted.add(rid)
+                self.counters["generate_aborted"] += 1
+            else:
+                self.counters["generate_interrupted"] += 1
+        else:
+            self.finished.add(rid)
+            self.counters["generate_finished"] += 1
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(tokens),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "e2e_latency": time.perf_counter() - start,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, tokens, strict=True)]
+        text = ""
+        if self.tokenizer is not None and tokens:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=gconfig.skip_special_tokens)
+        return json_response({"text": text, "output_ids": tokens, "meta_info": meta})
+
+    async def _run(
+        self, live: _Live, prompt: list[int], g: GenerationConfig
+    ) -> tuple[list[int], list[float], dict[str, Any]]:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        budget = g.max_new_tokens
+        chunk_no = 0
+        while True:
+            while True:
+                if live.reason == "abort":
+                    return tokens, logprobs, {"type": "abort", "message": "Abort by /abort_request"}
+                if live.reason == "update":
+                    return tokens, logprobs, {"type": "abort", "message": "Abort due to a weight update"}
+                if self._pause_mode == "abort":
+                    where = "before prefill" if not tokens and chunk_no == 0 else "in running queue"
+                    return tokens, logprobs, {"type": "abort", "message": f"Abort {where} due to engine pause"}
+                if live.reason == "pause":
+                    return tokens, logprobs, {"type": "abort", "message": "Abort in running queue due to engine pause"}
+                if self._held():
+                    await self._changed.wait()
+                    continue
+                live.reason = None  # a hold is over
+                break
+            n = min(self.segment_tokens, budget - len(tokens))
+            sub = g.new(
+                max_new_tokens=n,
+                min_new_tokens=min(n, max(0, g.min_new_tokens - len(tokens))),
+                max_tokens=len(prompt) + len(tokens) + n,
+                seed=None if g.seed is None else g.seed + chunk_no,
+            )
+            with trio.CancelScope() as scope:
+                live.chunk = scope
+                try:
+                    resp = await self.engine.agenerate(
+                        ModelRequest(input_ids=prompt + tokens, gconfig=sub, rid=f"{live.rid}#{chunk_no}")
+                    )
+                except (UnsupportedRequestError, WorkflowContractError, ValueError) as exc:
+                    raise BadRequest(f"generate: {exc}") from None
+                except EngineError as exc:
+                    raise EngineFailure(f"generate: {exc}") from None
+                finally:
+                    live.chunk = None
+            chunk_no += 1
+            if scope.cancelled_caught:
+                continue  # interrupted: the checks above decide what happens
+            tokens += resp.output_tokens
+            logprobs += resp.output_logprobs
+            if resp.stop_reason == "stop" and resp.output_tokens:
+                return tokens, logprobs, {"type": "stop", "matched": tokens[-1]}
+            if len(tokens) >= budget or resp.stop_reason == "stop" or len(resp.output_tokens) < n:
+                return tokens, logprobs, {"type": "length", "length": len(tokens)}
+            if self.step_delay:
+                await trio.sleep(self.step_delay)
