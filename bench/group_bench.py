@@ -172,24 +172,60 @@ def run_asyncio(groups: int, g: int) -> float:
     return asyncio.run(main())
 
 
+# -- the same slots with no assembly at all: what the event loops alone cost ------------
+
+
+async def run_trio_bare(groups: int, g: int) -> float:
+    engine = InstantEngine()
+    data = {"ids": PROMPT}
+    results: list[object] = [None] * g
+
+    async def slot(i: int) -> None:
+        results[i] = await trio_episode(engine, data)
+
+    start = time.perf_counter()
+    for _ in range(groups):
+        async with trio.open_nursery() as nursery:
+            for i in range(g):
+                nursery.start_soon(slot, i)
+    return groups * g / (time.perf_counter() - start)
+
+
+def run_asyncio_bare(groups: int, g: int) -> float:
+    async def main() -> float:
+        engine = AsyncioEngine()
+
+        async def slot() -> dict[str, torch.Tensor]:
+            return six_tensors(await engine.agenerate(ModelRequest(input_ids=PROMPT)))
+
+        start = time.perf_counter()
+        for _ in range(groups):
+            await asyncio.gather(*(slot() for _ in range(g)))
+        return groups * g / (time.perf_counter() - start)
+
+    return asyncio.run(main())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=4096, help="episodes per measurement")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"{'G':>4} {'rollout_trio ep/s':>18} {'asyncio ep/s':>14} {'ratio':>7}")
+    print(f"{'G':>4} {'rollout_trio ep/s':>18} {'asyncio ep/s':>14} {'ratio':>7}   {'bare nursery/gather':>20}")
     for g in (8, 64):
         groups = max(1, args.episodes // g)
-        ours, base, ratios = [], [], []
+        ours, base, ratios, bare = [], [], [], []
         for _ in range(args.repeats):  # interleaved, so drift hits both sides alike
             ours.append(trio.run(run_trio, groups, g))
             base.append(run_asyncio(groups, g))
             ratios.append(ours[-1] / base[-1])
+            bare.append(trio.run(run_trio_bare, groups, g) / run_asyncio_bare(groups, g))
         print(
             f"{g:>4} {statistics.median(ours):>18,.0f} {statistics.median(base):>14,.0f} "
-            f"{statistics.median(ratios):>6.2f}x"
+            f"{statistics.median(ratios):>6.2f}x   {statistics.median(bare):>19.2f}x"
         )
+    print("bare: the same slots with no validation, packing or normalization, for the event loops' share")
 
 
 if __name__ == "__main__":
