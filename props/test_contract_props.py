@@ -121,3 +121,22 @@ def test_from_response_rows_always_validate_and_mark_only_outputs(data):
     t = Trajectory.from_response(resp, data.draw(rst.rewards()))
     assert int(t.loss_mask.sum()) == resp.output_len
     assert bool((t.versions[t.loss_mask == 0] == -1).all())
+
+
+@given(rst.trajectory_groups(max_rows=1))
+def test_joining_plain_dicts_equals_joining_trajectories(trajs):
+    """The fast path for plain dicts of one-row tensors gives exactly what the general
+    path gives for the same items as Trajectory objects."""
+    fast = concat_trajectories([t.to_dict() for t in trajs])
+    general = concat_trajectories(trajs)
+    assert_same_trajectory(fast, general)
+
+
+@given(rst.trajectory_groups(max_rows=1, min_size=2), st.data())
+def test_a_corrupted_item_is_named_whichever_path_joins_it(trajs, data):
+    """Breaking one value rule in item k of a joinable list raises an error naming slot k."""
+    k = data.draw(st.integers(0, len(trajs) - 1))
+    items = [t.to_dict() for t in trajs]
+    items[k] = {**items[k], "input_ids": torch.full_like(items[k]["input_ids"], -1)}
+    with pytest.raises(WorkflowContractError, match=f"^slot {k}: 'input_ids'"):
+        concat_trajectories(items)

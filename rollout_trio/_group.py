@@ -20,7 +20,7 @@ from . import workflow_context
 from ._errors import WorkflowContractError
 from ._interaction import Interaction
 from ._normalize import rollout_time_affine, rollout_time_apply
-from ._padding import concat_trajectories
+from ._padding import join_slots
 from ._processor_cache import ProcessorCache
 from ._rollout_group import RolloutGroup, as_reward_scalar
 from ._stats import StatsRecorder
@@ -334,26 +334,15 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
     # -- tensor path ------------------------------------------------------------------
 
     def _merge_tensors(self, results: list[Any], slots: list[int]) -> Trajectory:
-        trajs: list[Trajectory] = []
-        for i in slots:
-            r = results[i]
-            # Structure per slot; the value rules run once on the joined batch below.
-            t = r if isinstance(r, Trajectory) else Trajectory.from_dict(r, where=f"slot {i}: ", _values=False)
-            group = t.rollout_group
-            if group is not None and group.n_rollouts != 1:
+        items = [results[i] for i in slots]
+        for i, item in zip(slots, items):
+            group = item.rollout_group if isinstance(item, Trajectory) else item.get("rollout_group")
+            if isinstance(group, RolloutGroup) and group.n_rollouts != 1:
                 raise WorkflowContractError(
                     f"slot {i}: 'rollout_group': one workflow call is one logical rollout; "
                     f"got {group.n_rollouts} rollouts {group.row_counts}"
                 )
-            trajs.append(t)
-        merged = concat_trajectories(trajs)
-        try:
-            # Padding keeps every value rule, so checking the batch checks every slot at once.
-            merged._check_values()
-        except WorkflowContractError:
-            for i, t in zip(slots, trajs):
-                t._check_values(where=f"slot {i}: ")  # name the slot that broke the rule
-            raise
+        merged = join_slots(items, slots)
         if self.reward_normalization:
             merged = self._normalize_rows(merged, slots)
         return merged

@@ -11,7 +11,7 @@ from ._errors import WorkflowContractError
 from ._rollout_group import RolloutGroup
 from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
 
-__all__ = ["concat_trajectories", "pad_to", "split_trajectories"]
+__all__ = ["concat_trajectories", "join_slots", "pad_to", "split_trajectories"]
 
 TrajectoryLike = Trajectory | Mapping[str, Any]
 
@@ -25,10 +25,56 @@ def pad_to(tensor: torch.Tensor, shape: Sequence[int], value: Any) -> torch.Tens
     return out
 
 
-def _as_trajectory(item: TrajectoryLike, i: int) -> Trajectory:
+def _as_trajectory(item: TrajectoryLike, label: int) -> Trajectory:
     if isinstance(item, Trajectory):
         return item
-    return Trajectory.from_dict(item, where=f"slot {i}: ")
+    return Trajectory.from_dict(item, where=f"slot {label}: ")
+
+
+def _join_one_row_dicts(items: Sequence[Any]) -> dict[str, Any] | None:
+    """Join plain dicts of one-row tensors without building a Trajectory per item.
+
+    The common shape of a group's results. Returns None as soon as anything is not of
+    that shape (the general path then handles it, and names the slot on errors).
+    """
+    first = items[0]
+    if type(first) is not dict:
+        return None
+    keys = first.keys()
+    if "rollout_group" in keys or any(type(d) is not dict or d.keys() != keys for d in items):
+        return None
+    ids = [d.get("input_ids") for d in items]
+    widths = []
+    for t in ids:
+        if type(t) is not torch.Tensor or t.ndim != 2 or t.shape[0] != 1:
+            return None
+        widths.append(t.shape[1])
+    layout = _RowLayout(widths)
+    joined: dict[str, Any] = {}
+    for key in keys:
+        values = [d[key] for d in items]
+        if key == "rollout_reward":
+            joined[key] = values
+            continue
+        v0 = values[0]
+        if type(v0) is not torch.Tensor:
+            return None
+        dtype = v0.dtype
+        if v0.ndim == 2:
+            for v, w in zip(values, widths):
+                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1, w):
+                    return None
+            joined[key] = layout.place(values, PAD_VALUES.get(key, 0))
+        elif v0.ndim == 1:
+            for v in values:
+                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1,):
+                    return None
+            joined[key] = torch.cat(values)
+        else:
+            return None
+    refs = joined.pop("rollout_reward", None) or [None] * len(items)
+    joined["rollout_group"] = RolloutGroup((1,) * len(items), tuple(refs))
+    return joined
 
 
 def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
@@ -111,17 +157,29 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
         WorkflowContractError: an empty list, differing key sets (naming the slot and
             the keys), mixed ndim for a key, or differing non-tensor values.
     """
+    return join_slots(items, range(len(items)))
+
+
+def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> Trajectory:
+    """:func:`concat_trajectories` whose errors name ``slot labels[i]`` for item ``i``."""
     if not items:
         raise WorkflowContractError("concat_trajectories: needs at least one trajectory, got an empty list")
-    trajs = [_as_trajectory(item, i) for i, item in enumerate(items)]
+    try:
+        joined = _join_one_row_dicts(items)
+        if joined is not None:
+            # One validation of the whole batch: padding keeps every rule, so it checks every item.
+            return Trajectory.from_dict(joined)
+    except WorkflowContractError:
+        pass  # the general path below finds the item that broke the rule and names it
+    trajs = [_as_trajectory(item, label) for item, label in zip(items, labels)]
     dicts = _tensor_dicts(trajs)
     keys = list(dicts[0])
-    for i, d in enumerate(dicts[1:], start=1):
+    for label, d in zip(labels[1:], dicts[1:]):
         if set(d) != set(keys):
             missing = sorted(set(keys) - set(d))
             extra = sorted(set(d) - set(keys))
             raise WorkflowContractError(
-                f"slot {i}: has different keys than slot 0; expected {sorted(keys)}, "
+                f"slot {label}: has different keys than slot {labels[0]}; expected {sorted(keys)}, "
                 f"got missing {missing} and extra {extra}"
             )
     merged: dict[str, Any] = {}
@@ -139,10 +197,11 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
                 raise WorkflowContractError(f"{key!r}: a list in slot 0 but not in every slot")
             merged[key] = [x for v in values for x in v]
         else:
-            for i, v in enumerate(values[1:], start=1):
+            for label, v in zip(labels[1:], values[1:]):
                 if not _same(first, v):
                     raise WorkflowContractError(
-                        f"{key!r}: non-tensor values must be equal in every slot; slot 0 has {first!r}, slot {i} has {v!r}"
+                        f"{key!r}: non-tensor values must be equal in every slot; slot {labels[0]} has {first!r}, "
+                        f"slot {label} has {v!r}"
                     )
             merged[key] = first
     counts: list[int] = []
