@@ -75,8 +75,10 @@ def _is_interaction_dict(result: Any) -> bool:
 def _kind(result: Any, slot: int) -> str:
     if isinstance(result, Trajectory):
         return "tensor"
-    if isinstance(result, Mapping):
-        return "interaction" if _is_interaction_dict(result) else "tensor"
+    if type(result) is dict or isinstance(result, Mapping):
+        # Only usable (non-empty) results get here; a tensor dict is told by its first value.
+        first = next(iter(result.values()))
+        return "interaction" if isinstance(first, Interaction) and _is_interaction_dict(result) else "tensor"
     raise WorkflowContractError(
         f"slot {slot}: a workflow must return a Trajectory, a dict or None; got {type(result).__name__}"
     )
