@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
@@ -21,6 +22,14 @@ STOP_REASONS: tuple[str, ...] = ("stop", "length", "tool_calls", "abort")
 _DEFAULT_GCONFIG = GenerationConfig()
 
 
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return value if type(value) is tuple else tuple(value)
+
+
+def _floats(value: Iterable[float]) -> tuple[float, ...]:
+    return value if type(value) is tuple else tuple(value)
+
+
 def _new_rid() -> str:
     return uuid.uuid4().hex
 
@@ -34,7 +43,7 @@ class ModelRequest:
     resume after an interruption build their own copies.
     """
 
-    input_ids: tuple[int, ...] = attrs.field(converter=tuple, validator=int_list)
+    input_ids: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
     gconfig: GenerationConfig = attrs.field(
         default=_DEFAULT_GCONFIG,  # immutable, so one shared default is safe
         validator=rule("a GenerationConfig", lambda v: isinstance(v, GenerationConfig)),
@@ -80,10 +89,10 @@ class ModelResponse:
     first output token, both in seconds.
     """
 
-    input_tokens: tuple[int, ...] = attrs.field(converter=tuple, validator=int_list)
-    output_tokens: tuple[int, ...] = attrs.field(converter=tuple, validator=int_list)
-    output_logprobs: tuple[float, ...] = attrs.field(converter=tuple, validator=_logprob_list)
-    output_versions: tuple[int, ...] = attrs.field(converter=tuple, validator=_version_list)
+    input_tokens: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
+    output_tokens: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
+    output_logprobs: tuple[float, ...] = attrs.field(converter=_floats, validator=_logprob_list)
+    output_versions: tuple[int, ...] = attrs.field(converter=_ints, validator=_version_list)
     stop_reason: StopReason = attrs.field(
         default="stop", validator=rule(f"one of {STOP_REASONS}", lambda v: v in STOP_REASONS)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -59,6 +60,10 @@ def _row_counts(value: Any) -> tuple[int, ...]:
     return tuple(int(c) for c in counts)
 
 
+def _references(value: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(value)  # checked (and made floats) in __attrs_post_init__
+
+
 @attrs.frozen
 class RolloutGroup:
     """Row counts (and optional reward references) of the logical rollouts in a trajectory.
@@ -70,7 +75,7 @@ class RolloutGroup:
     """
 
     row_counts: tuple[int, ...] = attrs.field(converter=_row_counts)
-    rewards: tuple[float | None, ...] = attrs.field(default=(), converter=tuple)
+    rewards: tuple[float | None, ...] = attrs.field(default=(), converter=_references)
 
     def __attrs_post_init__(self) -> None:
         rewards = self.rewards or (None,) * len(self.row_counts)

@@ -173,6 +173,10 @@ def _cast_attention_mask(value: Any) -> Any:
     return value
 
 
+def _extras(value: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(value)
+
+
 def _rollout_reward(value: Any) -> float | None:
     return None if value is None else as_reward_scalar(value)
 
@@ -196,7 +200,7 @@ class Trajectory:
     original_rewards: torch.Tensor | None = None
     rollout_reward: float | None = attrs.field(default=None, converter=_rollout_reward)
     rollout_group: RolloutGroup | None = None
-    extras: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    extras: Mapping[str, Any] = attrs.field(factory=dict, converter=_extras)
 
     def __attrs_post_init__(self) -> None:
         _validate_fields(self)

@@ -189,7 +189,7 @@ def bigram_model(
         for nxt, logit in (default or {}).items():
             head[nxt, fallback] = logit / scale
         model.lm_head.weight.copy_(head)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' stubs
 
 
 def tiny_model(
@@ -261,4 +261,4 @@ def load_model(
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers' stubs

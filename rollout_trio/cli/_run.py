@@ -18,6 +18,7 @@ from .. import workflow_context
 from .._config import GenerationConfig
 from .._group import GroupedRolloutWorkflow
 from .._stats import StatsRecorder
+from .._trajectory import Trajectory
 from ..engines import LocalEngine
 from ..workflows import rlvr_workflow
 
@@ -100,7 +101,9 @@ async def _run(args: argparse.Namespace) -> int:
                 if traj is None:
                     lines[k] = f"{k:>3}  {question:<12} dropped"
                 else:
+                    assert isinstance(traj, Trajectory)  # the RLVR workflow returns tensor rows
                     raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
+                    assert raw is not None
                     shown = " ".join(f"{r:.1f}" for r in raw.tolist())
                     lines[k] = f"{k:>3}  {question:<12} rewards [{shown}]  mean {raw.mean():.2f}"
                 bar.update(1)

@@ -10,7 +10,7 @@ of the distribution actually drawn from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import attrs
 import torch
@@ -35,7 +35,7 @@ class RowSampling:
 def sample_rows(
     logits: torch.Tensor,
     rows: Sequence[RowSampling],
-    masked: Sequence[Sequence[int]],
+    masked: Sequence[Collection[int]],
     shared: torch.Generator,
 ) -> tuple[list[int], list[float]]:
     """Choose one token per row.
