@@ -1,6 +1,5 @@
 """The group properties again, on the real embedded engine with the tiny model."""
 
-import torch
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -14,7 +14,6 @@ import cattrs
 import torch
 from cattrs.preconf.json import make_converter
 
-from ._config import GenerationConfig
 from ._errors import WorkflowContractError
 from ._io import ModelRequest, ModelResponse
 from ._rollout_group import RolloutGroup

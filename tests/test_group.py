@@ -9,7 +9,6 @@ import trio.testing
 
 from rollout_trio import (
     GroupedRolloutWorkflow,
-    ModelRequest,
     RolloutGroup,
     Trajectory,
     WorkflowContractError,

@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-import trio
 
 from rollout_trio import GenerationConfig, Trajectory, run_group
 from rollout_trio.cli._run import arithmetic_prompts, arithmetic_reward
