@@ -26,11 +26,15 @@ def rule(text: str, predicate: Callable[[Any], bool]) -> Callable[[Any, attrs.At
 
 def is_int(value: Any) -> bool:
     """True for integers (Python or NumPy), never for bools."""
+    if type(value) is int:  # the common case, without the ABC check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_real(value: Any) -> bool:
     """True for finite real numbers (Python or NumPy), never for bools."""
+    if type(value) is float:  # the common case, without the ABC check
+        return math.isfinite(value)
     return (
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
