@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -100,6 +101,26 @@ def _rate(count: int, elapsed: float) -> float:
     return count / elapsed
 
 
+async def _drive(op: Callable[[], Awaitable[object]], conc: int, seconds: float) -> float:
+    """Requests/s of ``conc`` Trio tasks calling ``op`` back to back for ``seconds``."""
+    import trio
+
+    count = 0
+    end = trio.current_time() + seconds
+
+    async def worker() -> None:
+        nonlocal count
+        while trio.current_time() < end:
+            await op()
+            count += 1
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(conc):
+            nursery.start_soon(worker)
+    return _rate(count, time.perf_counter() - t0)
+
+
 def bench_remote(url: str, conc: int, seconds: float) -> float:
     import trio
 
@@ -109,22 +130,13 @@ def bench_remote(url: str, conc: int, seconds: float) -> float:
     req = ModelRequest(input_ids=list(range(8)), gconfig=GenerationConfig(max_new_tokens=16), rid="bench")
 
     async def main() -> float:
-        count = 0
         async with RemoteEngine(url, "sglang", affinity_size=0, verify_versions=False) as eng:
-            await eng.agenerate(req)  # warm up
-            end = trio.current_time() + seconds
 
-            async def worker() -> None:
-                nonlocal count
-                while trio.current_time() < end:
-                    await eng.agenerate(req)
-                    count += 1
+            async def op() -> None:
+                await eng.agenerate(req)
 
-            t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for _ in range(conc):
-                    nursery.start_soon(worker)
-            return _rate(count, time.perf_counter() - t0)
+            await op()  # warm up
+            return await _drive(op, conc, seconds)
 
     return trio.run(main)
 
@@ -134,24 +146,14 @@ def bench_httpx(url: str, conc: int, seconds: float) -> float:
     import trio
 
     async def main() -> float:
-        count = 0
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
-            (await client.post(url + "/generate", json=PAYLOAD)).json()
-            end = trio.current_time() + seconds
 
-            async def worker() -> None:
-                nonlocal count
-                while trio.current_time() < end:
-                    r = await client.post(url + "/generate", json=PAYLOAD)
-                    r.json()
-                    count += 1
+            async def op() -> None:
+                (await client.post(url + "/generate", json=PAYLOAD)).json()
 
-            t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for _ in range(conc):
-                    nursery.start_soon(worker)
-            return _rate(count, time.perf_counter() - t0)
+            await op()  # warm up
+            return await _drive(op, conc, seconds)
 
     return trio.run(main)
 

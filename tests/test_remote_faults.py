@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -352,3 +354,31 @@ async def test_retry_after_a_pause_waits_and_repins_the_version() -> None:
     assert result[0].output_versions == (2, 2)
     order = [p for p, _ in server.log if p in ("/generate", "/continue_generation")]
     assert order == ["/generate", "/continue_generation", "/generate"]
+
+
+async def test_a_user_transport_carries_generation_with_timeouts_aborts_and_cancels(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """``transport=`` (the test seam) takes the direct generate path: each attempt is
+    bounded by request_timeout and aborted, and so is a request its caller cancels."""
+    seen: list[tuple[str, Any]] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(0)  # as a network would: a cancelled caller stops here unless shielded
+        seen.append((request.url.path, json.loads(request.content) if request.content else None))
+        if request.url.path == "/generate":
+            await trio.sleep_forever()
+        return httpx.Response(200)
+
+    retry = RetryPolicy(attempts=2, backoff_base=0.01, backoff_max=0.01)
+    transport = httpx.MockTransport(handler)
+    async with RemoteEngine("127.0.0.1:9", transport=transport, request_timeout=10, retry=retry, seed=0) as eng:
+        with pytest.raises(EngineTimeoutError, match="no complete answer within 10 s"):
+            await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G, rid="slow"))
+        with trio.move_on_after(5) as scope:
+            await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G, rid="cancelled"))
+        assert scope.cancelled_caught
+    sent = [body["rid"] for path, body in seen if path == "/generate"]
+    aborted = [body["rid"] for path, body in seen if path == "/abort_request"]
+    assert len(sent) == 3 and aborted == sent
+    assert [rid.rsplit("-", 1)[0] for rid in sent] == ["slow", "slow", "cancelled"]

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
 import httpx
 import pytest
 import trio
 
+from rollout_trio import EngineConnectError, EngineProtocolError, EngineServerError, EngineTimeoutError
+from rollout_trio.engines._remote_http import HttpSession
+from rollout_trio.engines._remote_wire import HttpCall
 from rollout_trio.engines._transport import TrioTransport
 
 
@@ -163,3 +171,138 @@ async def test_head_and_204_have_no_body() -> None:
         rs = await with_server(server, run)
     assert [(r.status_code, r.content) for r in rs] == [(200, b""), (204, b""), (200, b"ok")]
     assert server.connections == 1
+
+
+async def test_encoded_bodies_are_decoded_and_plain_ones_read_once() -> None:
+    packed = gzip.compress(b'{"a": 1}')
+    server = RawServer(
+        b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed),
+        b'HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n{"b": 2}',
+    )
+    with trio.fail_after(5):
+        rs = await with_server(server, lambda: exchange(server, 2))
+    assert [r.json() for r in rs] == [{"a": 1}, {"b": 2}]
+    assert all(r.is_closed and r.is_stream_consumed for r in rs)
+    assert rs[1].headers["content-length"] == "8" and rs[1].http_version == "HTTP/1.1"
+
+
+# --------------------------------------------------------------------- HttpSession: client and direct paths
+
+BASE = "http://127.0.0.1:9"
+
+
+async def session_call(transport: httpx.AsyncBaseTransport, call: HttpCall, *, direct: bool, **kw: Any) -> Any:
+    kw.setdefault("timeout", 5.0)
+    async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+        return await HttpSession(client, transport).call(BASE, call, direct=direct, **kw)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_session_sends_the_same_request_on_both_paths(direct: bool) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"ok": 1})
+
+    transport = httpx.MockTransport(handler)
+    assert await session_call(transport, HttpCall("POST", "/generate", {"a": [1, 2]}), direct=direct) == {"ok": 1}
+    pause_call = HttpCall("POST", "/pause", None, {"mode": "abort"})
+    assert await session_call(transport, pause_call, direct=direct) == {"ok": 1}
+    assert await session_call(transport, HttpCall("GET", "/health"), direct=direct, expect_json=False) is None
+    post, pause, health = seen
+    assert (post.method, str(post.url)) == ("POST", BASE + "/generate")
+    assert json.loads(post.content) == {"a": [1, 2]}
+    assert post.headers["host"] == "127.0.0.1:9"
+    assert post.headers["content-type"] == "application/json"
+    assert post.headers["content-length"] == str(len(post.content))
+    assert post.extensions["timeout"] == httpx.Timeout(None).as_dict()
+    assert (str(pause.url), pause.content, pause.headers["content-length"]) == (BASE + "/pause?mode=abort", b"", "0")
+    assert "content-type" not in pause.headers
+    assert health.method == "GET" and "content-length" not in health.headers
+
+
+def _raises(exc: Callable[[], Exception]) -> Callable[[httpx.Request], httpx.Response]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc()
+
+    return handler
+
+
+def _answers(response: Callable[[], httpx.Response]) -> Callable[[httpx.Request], httpx.Response]:
+    return lambda request: response()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize(
+    "handler, error",
+    [
+        (_raises(lambda: httpx.ConnectError("refused")), EngineConnectError),
+        (_raises(lambda: httpx.ReadTimeout("slow")), EngineTimeoutError),
+        (_raises(lambda: httpx.RemoteProtocolError("cut short")), EngineConnectError),
+        (_answers(lambda: httpx.Response(503, json={"error": {"message": "busy"}})), EngineServerError),
+        (_answers(lambda: httpx.Response(404, text="no such path")), EngineServerError),
+        (_answers(lambda: httpx.Response(200, text="<html>")), EngineProtocolError),
+    ],
+)
+async def test_session_maps_errors_alike_on_both_paths(direct: bool, handler: Any, error: type[Exception]) -> None:
+    with pytest.raises(error) as info:
+        await session_call(httpx.MockTransport(handler), HttpCall("POST", "/generate", {}), direct=direct)
+    assert f"POST {BASE}/generate" in str(info.value)
+    if error in (EngineConnectError, EngineTimeoutError):
+        assert isinstance(info.value.__cause__, httpx.TransportError)
+    if error is EngineServerError:
+        assert info.value.status_code in (503, 404)  # type: ignore[attr-defined]
+        assert "busy" in str(info.value) or "no such path" in str(info.value)
+
+
+async def _stall(request: httpx.Request) -> httpx.Response:
+    await trio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_session_timeout_bounds_a_stalled_answer(direct: bool, autojump_clock: trio.abc.Clock) -> None:
+    with pytest.raises(EngineTimeoutError, match="no complete answer within 30 s"):
+        await session_call(httpx.MockTransport(_stall), HttpCall("POST", "/generate", {}), direct=direct, timeout=30)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_session_leaves_the_callers_cancellation_alone(direct: bool, autojump_clock: trio.abc.Clock) -> None:
+    with trio.move_on_after(1) as scope:
+        await session_call(httpx.MockTransport(_stall), HttpCall("POST", "/generate", {}), direct=direct, timeout=60)
+    assert scope.cancelled_caught  # Cancelled went through, not mapped to an EngineError
+
+
+class StreamingTransport(httpx.AsyncBaseTransport):
+    """Answers with a body still to be read (as httpx's own transports do)."""
+
+    def __init__(self, *chunks: bytes, fail: bool = False) -> None:
+        self.chunks = chunks
+        self.fail = fail
+        self.closed = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        transport = self
+
+        class Body(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                for chunk in transport.chunks:
+                    yield chunk
+                if transport.fail:
+                    raise httpx.ReadError("connection reset")
+
+            async def aclose(self) -> None:
+                transport.closed += 1
+
+        return httpx.Response(200, stream=Body())
+
+
+async def test_direct_path_reads_and_closes_a_streamed_answer() -> None:
+    ok = StreamingTransport(b'{"a": ', b"1}")
+    assert await session_call(ok, HttpCall("POST", "/generate", {}), direct=True) == {"a": 1}
+    assert ok.closed == 1
+    broken = StreamingTransport(b'{"a": ', fail=True)
+    with pytest.raises(EngineConnectError) as info:
+        await session_call(broken, HttpCall("POST", "/generate", {}), direct=True)
+    assert isinstance(info.value.__cause__, httpx.ReadError) and broken.closed >= 1

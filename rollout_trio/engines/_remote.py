@@ -154,9 +154,10 @@ class RemoteEngine:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            client = httpx.AsyncClient(transport=self._transport or _default_transport(), timeout=None)
-            await stack.enter_async_context(client)
-            self._http = HttpSession(client)
+            transport = self._transport or _default_transport()
+            client = httpx.AsyncClient(transport=transport, timeout=None)
+            await stack.enter_async_context(client)  # closes the transport too
+            self._http = HttpSession(client, transport)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._nursery.cancel_scope.cancel)
             with trio.move_on_after(self._setup_timeout):
@@ -494,7 +495,7 @@ class RemoteEngine:
 
     async def _send_generate(self, server: Server, call: HttpCall, srid: str) -> Any:
         try:
-            return await self._session().call(server.base_url, call, timeout=self._request_timeout)
+            return await self._session().call(server.base_url, call, timeout=self._request_timeout, direct=True)
         except EngineServerError:
             raise  # the server answered: nothing runs for this id
         except BaseException as exc:

@@ -30,8 +30,13 @@ __all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", 
 
 T = TypeVar("T")
 
-_PLAIN = {"user-agent": "rollout-trio", "accept": "application/json"}
-_JSON = {**_PLAIN, "content-type": "application/json"}
+_PLAIN_RAW = [(b"user-agent", b"rollout-trio"), (b"accept", b"application/json")]
+_JSON_TYPE = (b"content-type", b"application/json")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# One encoder and one decoder for every body: json.dumps with arguments builds a new
+# encoder per call, and json.loads sniffs the encoding of bytes (the servers send UTF-8).
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+_decode_json = json.JSONDecoder().decode
 
 
 @attrs.frozen(kw_only=True)
@@ -89,33 +94,62 @@ def _status_error(response: httpx.Response, where: str) -> EngineServerError:
 
 
 class HttpSession:
-    """Sends :class:`HttpCall` s through one ``httpx.AsyncClient`` (one attempt each)."""
+    """Sends :class:`HttpCall` s, one attempt each, and maps what goes wrong.
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    Control calls go through ``client`` (one ``httpx.AsyncClient`` for the engine's
+    lifetime). Calls sent with ``direct=True`` (generation segments, the hot path) go as
+    ``httpx.Request`` objects straight to ``transport.handle_async_request``: the
+    client's cookie, auth, redirect and event-hook machinery does nothing for these JSON
+    APIs and costs about as much as the rest of a loopback round trip. Both paths share
+    the request construction, the timeout handling and the error mapping below.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport) -> None:
         self.client = client
-        self._targets: dict[tuple[str, str], tuple[httpx.URL, httpx.Headers, httpx.Headers]] = {}
+        self.transport = transport
+        # What client.send would attach (the client's timeouts, all None for the engine's
+        # client): the transport reads connect/read/pool limits from this extension.
+        self._extensions = {"timeout": client.timeout.as_dict()}
+        self._targets: dict[tuple[str, str], tuple[httpx.URL, list[tuple[bytes, bytes]]]] = {}
 
     def _request(self, base_url: str, call: HttpCall) -> httpx.Request:
-        # Built directly (URL and headers parsed once per endpoint) and sent with
-        # client.send: the client's build_request costs several times more than the
-        # rest of a loopback round trip.
+        """``call`` as a fully built request (body read, every header explicit).
+
+        Built directly, not with ``client.build_request``: the URL and the fixed headers
+        are parsed once per endpoint, the body is encoded once, and ``stream=`` skips
+        httpx's content sniffing (the headers ``Request(content=...)`` would add, ``Host``
+        and ``Content-Length``, are set here).
+        """
         target = self._targets.get((base_url, call.path))
         if target is None:
             url = httpx.URL(base_url + call.path)
-            host = {"host": url.netloc.decode("ascii")}
-            target = self._targets[(base_url, call.path)] = (
-                url,
-                httpx.Headers({**host, **_PLAIN}),
-                httpx.Headers({**host, **_JSON}),
-            )
-        url, plain, with_json = target
+            fixed = [(b"host", url.netloc), *_PLAIN_RAW]
+            target = self._targets[(base_url, call.path)] = (url, fixed)
+        url, fixed = target
+        if call.params is not None:
+            url = url.copy_with(params=call.params)
         if call.json is None:
-            return httpx.Request(call.method, url, params=call.params, headers=plain)
-        content = json.dumps(call.json, separators=(",", ":")).encode()
-        return httpx.Request(call.method, url, params=call.params, content=content, headers=with_json)
+            content = b""
+            headers = fixed
+        else:
+            content = _encode_json(call.json).encode()
+            headers = [*fixed, _JSON_TYPE]
+        if content or call.method in _BODY_METHODS:
+            headers = [*headers, (b"content-length", b"%d" % len(content))]
+        request = httpx.Request(
+            call.method, url, headers=headers, stream=httpx.ByteStream(content), extensions=self._extensions
+        )
+        request.read()  # a ByteStream: sets request.content, no I/O
+        return request
 
-    async def call(self, base_url: str, call: HttpCall, *, timeout: float, expect_json: bool = True) -> Any:
+    async def call(
+        self, base_url: str, call: HttpCall, *, timeout: float, expect_json: bool = True, direct: bool = False
+    ) -> Any:
         """Send ``call`` to ``base_url`` once, within ``timeout`` seconds.
+
+        ``direct`` sends through the transport, bypassing the client (see the class
+        docstring); the caller's cancel scope bounds either path, and so does
+        ``timeout``.
 
         Returns:
             The decoded JSON body (``None`` when ``expect_json`` is false).
@@ -124,25 +158,40 @@ class HttpSession:
             EngineTimeoutError, EngineConnectError, EngineServerError, EngineProtocolError:
                 see the module docstring. The httpx exception is the ``__cause__``.
         """
-        where = f"{call.method} {base_url}{call.path}"
         response: httpx.Response | None = None
         with trio.move_on_after(timeout) as scope:
             try:
-                response = await self.client.send(self._request(base_url, call))
+                request = self._request(base_url, call)
+                if not direct:
+                    response = await self.client.send(request)
+                else:  # what client.send does that matters here: send, and read the body whole
+                    response = await self.transport.handle_async_request(request)
+                    try:
+                        response.content  # noqa: B018 - read already (TrioTransport, MockTransport)?
+                    except httpx.ResponseNotRead:
+                        try:
+                            await response.aread()  # a streaming transport: read it (that closes it)
+                        except BaseException:
+                            await response.aclose()
+                            raise
             except httpx.HTTPError as exc:
-                raise map_transport_error(exc, where) from exc
+                raise map_transport_error(exc, _where(base_url, call)) from exc
         if response is None or scope.cancelled_caught:
-            raise EngineTimeoutError(f"{where}: no complete answer within {timeout:.3g} s")
+            raise EngineTimeoutError(f"{_where(base_url, call)}: no complete answer within {timeout:.3g} s")
         if response.status_code >= 400:
-            raise _status_error(response, where)
+            raise _status_error(response, _where(base_url, call))
         if not expect_json:
             return None
         try:
-            return json.loads(response.content)
+            return _decode_json(response.content.decode())  # UnicodeDecodeError is a ValueError
         except ValueError as exc:
             raise EngineProtocolError(
-                f"{where}: HTTP {response.status_code} body is not JSON: {response.content[:200]!r}"
+                f"{_where(base_url, call)}: HTTP {response.status_code} body is not JSON: {response.content[:200]!r}"
             ) from exc
+
+
+def _where(base_url: str, call: HttpCall) -> str:
+    return f"{call.method} {base_url}{call.path}"
 
 
 async def retrying(

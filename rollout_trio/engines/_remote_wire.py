@@ -13,9 +13,20 @@ from typing import Any, Literal
 
 import attrs
 
+from .._config import GenerationConfig
 from .._errors import EngineProtocolError
 
-__all__ = ["HttpCall", "Segment", "SegmentStop", "field", "int_list", "logprob", "logprob_list", "parse_version"]
+__all__ = [
+    "HttpCall",
+    "Segment",
+    "SegmentStop",
+    "field",
+    "int_list",
+    "logprob",
+    "logprob_list",
+    "parse_version",
+    "sampling_fields",
+]
 
 SegmentStop = Literal["stop", "length", "tool_calls", "abort"]
 
@@ -46,6 +57,29 @@ class Segment:
     versions: list[int] | None = None
     server_version: int | None = None
     message: str = ""
+
+
+def sampling_fields(gconfig: GenerationConfig, *, top_k_off: int) -> dict[str, Any]:
+    """The sampling fields SGLang and vLLM name alike, every one explicit.
+
+    Sent in full so a server's model-derived defaults never apply. ``top_k_off`` is the
+    server's "no top-k" value (SGLang ``-1``, vLLM ``0``). The token budget, the seed and
+    anything else whose name differs is the backend's to add.
+    """
+    return {
+        "temperature": gconfig.effective_temperature,
+        "top_p": float(gconfig.top_p),
+        "top_k": int(gconfig.top_k) if gconfig.top_k_active else top_k_off,
+        "min_p": 0.0,
+        "frequency_penalty": float(gconfig.frequency_penalty),
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "stop_token_ids": list(gconfig.stop_token_ids),
+        "stop": list(gconfig.stop or ()),
+        "ignore_eos": gconfig.ignore_eos,
+        "skip_special_tokens": gconfig.skip_special_tokens,
+        "n": 1,
+    }
 
 
 def field(body: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, where: str = "") -> Any:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["Router", "Server", "normalize_address"]
@@ -43,6 +42,21 @@ class Server:
 
     def __repr__(self) -> str:
         return f"Server({self.base_url!r}, up={self.up}, in_flight={self.in_flight})"
+
+
+class _InFlight:
+    """``with router.track(server):`` (a class: a generator context manager costs more per request)."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def __enter__(self) -> None:
+        self.server.in_flight += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.in_flight -= 1
 
 
 class Router:
@@ -103,14 +117,9 @@ class Router:
         """The server ``rid`` is pinned to, if any."""
         return self._affinity.get(rid)
 
-    @contextmanager
-    def track(self, server: Server) -> Iterator[None]:
+    def track(self, server: Server) -> _InFlight:
         """Count a request in flight on ``server`` for the duration of the block."""
-        server.in_flight += 1
-        try:
-            yield
-        finally:
-            server.in_flight -= 1
+        return _InFlight(server)
 
     def mark_down(self, server: Server) -> None:
         """Stop routing to ``server`` until :meth:`mark_up`."""

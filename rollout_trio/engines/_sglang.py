@@ -13,7 +13,7 @@ from typing import Any
 
 from .._config import GenerationConfig
 from .._errors import EngineProtocolError, UnsupportedRequestError
-from ._remote_wire import HttpCall, Segment, SegmentStop, field, logprob, parse_version
+from ._remote_wire import HttpCall, Segment, SegmentStop, field, logprob, parse_version, sampling_fields
 
 __all__ = ["SGLangBackend"]
 
@@ -38,18 +38,7 @@ class SGLangBackend:
         sp: dict[str, Any] = {
             "max_new_tokens": max_new,
             "min_new_tokens": min_new,
-            "temperature": gconfig.effective_temperature,
-            "top_p": float(gconfig.top_p),
-            "top_k": int(gconfig.top_k) if gconfig.top_k_active else -1,
-            "min_p": 0.0,
-            "frequency_penalty": float(gconfig.frequency_penalty),
-            "presence_penalty": 0.0,
-            "repetition_penalty": 1.0,
-            "stop_token_ids": list(gconfig.stop_token_ids),
-            "stop": list(gconfig.stop or ()),
-            "ignore_eos": gconfig.ignore_eos,
-            "skip_special_tokens": gconfig.skip_special_tokens,
-            "n": 1,
+            **sampling_fields(gconfig, top_k_off=-1),
         }
         if gconfig.seed is not None:
             sp["sampling_seed"] = int(gconfig.seed)

@@ -23,7 +23,17 @@ from typing import Any
 
 from .._config import GenerationConfig
 from .._errors import EngineProtocolError, EngineServerError
-from ._remote_wire import HttpCall, Segment, SegmentStop, field, int_list, logprob, logprob_list, parse_version
+from ._remote_wire import (
+    HttpCall,
+    Segment,
+    SegmentStop,
+    field,
+    int_list,
+    logprob,
+    logprob_list,
+    parse_version,
+    sampling_fields,
+)
 
 __all__ = ["TITO_PATH", "VLLMBackend", "parse_weight_versions", "server_request_id"]
 
@@ -51,18 +61,7 @@ def sampling_params(gconfig: GenerationConfig, *, max_new: int, min_new: int) ->
     sp: dict[str, Any] = {
         "max_tokens": max_new,
         "min_tokens": min_new,
-        "temperature": gconfig.effective_temperature,
-        "top_p": float(gconfig.top_p),
-        "top_k": int(gconfig.top_k) if gconfig.top_k_active else 0,
-        "min_p": 0.0,
-        "frequency_penalty": float(gconfig.frequency_penalty),
-        "presence_penalty": 0.0,
-        "repetition_penalty": 1.0,
-        "stop_token_ids": list(gconfig.stop_token_ids),
-        "stop": list(gconfig.stop or ()),
-        "ignore_eos": gconfig.ignore_eos,
-        "skip_special_tokens": gconfig.skip_special_tokens,
-        "n": 1,
+        **sampling_fields(gconfig, top_k_off=0),
         "logprobs": 0,
     }
     if gconfig.seed is not None:
