@@ -11,18 +11,9 @@ from ._errors import WorkflowContractError
 from ._rollout_group import RolloutGroup
 from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
 
-__all__ = ["concat_trajectories", "join_slots", "pad_to", "split_trajectories"]
+__all__ = ["concat_trajectories", "join_slots", "split_trajectories"]
 
 TrajectoryLike = Trajectory | Mapping[str, Any]
-
-
-def pad_to(tensor: torch.Tensor, shape: Sequence[int], value: Any) -> torch.Tensor:
-    """Right-pad every non-batch dimension of ``tensor`` up to ``shape[1:]`` with ``value``."""
-    if tuple(tensor.shape[1:]) == tuple(shape[1:]):
-        return tensor
-    out = torch.full((tensor.shape[0], *shape[1:]), value, dtype=tensor.dtype, device=tensor.device)
-    out[tuple(slice(0, n) for n in tensor.shape)] = tensor
-    return out
 
 
 def _as_trajectory(item: TrajectoryLike, label: int) -> Trajectory:

@@ -121,7 +121,7 @@ def _validate_values(t: Trajectory, where: str) -> None:
             raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
 
 
-def _validate_fields(t: Trajectory, where: str = "", *, values: bool = True) -> None:
+def _validate_fields(t: Trajectory, where: str = "") -> None:
     ids = _tensor(where, "input_ids", t.input_ids)
     if ids.ndim != 2:
         raise _fail(where, "input_ids", "must be 2-D [batch, seqlen]", "ndim 2", f"shape {tuple(ids.shape)}")
@@ -143,8 +143,7 @@ def _validate_fields(t: Trajectory, where: str = "", *, values: bool = True) -> 
         expected_shape = seq_shape if per_position else row_shape
         if value.shape != expected_shape:
             raise _fail(where, key, "shape must match input_ids", f"shape {list(expected_shape)}", f"shape {list(value.shape)}")
-    if values:
-        _validate_values(t, where)
+    _validate_values(t, where)
     if t.rollout_group is not None:
         if not isinstance(t.rollout_group, RolloutGroup):
             raise _fail(where, "rollout_group", "must be a RolloutGroup", "RolloutGroup", type(t.rollout_group).__name__)
@@ -253,11 +252,10 @@ class Trajectory:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "", _values: bool = True) -> Trajectory:
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "") -> Trajectory:
         """Validate a plain dict (e.g. a workflow's result) and build a Trajectory.
 
-        ``where`` prefixes error messages (e.g. ``"slot 2: "``). (``_values=False`` is
-        internal: it skips the value rules for callers that check a whole batch at once.)
+        ``where`` prefixes error messages (e.g. ``"slot 2: "``).
         """
         if not isinstance(data, Mapping):
             raise WorkflowContractError(f"{where}trajectory: must be a dict of tensors, got {type(data).__name__}")
@@ -270,21 +268,11 @@ class Trajectory:
         known = {k: data[k] for k in KNOWN_KEYS if k in data}
         extras = {k: v for k, v in data.items() if k not in KNOWN_KEYS}
         try:
-            if not _values:
-                obj = cls._unchecked(**known, extras=dict(extras))
-                object.__setattr__(obj, "attention_mask", _cast_attention_mask(obj.attention_mask))
-                object.__setattr__(obj, "rollout_reward", _rollout_reward(obj.rollout_reward))
-                _validate_fields(obj, values=False)
-                return obj
             return cls(**known, extras=extras)
         except WorkflowContractError as exc:
             if where:
                 raise WorkflowContractError(f"{where}{exc}") from None
             raise
-
-    def _check_values(self, where: str = "") -> None:
-        """The value rules alone (the structure was checked at construction)."""
-        _validate_values(self, where)
 
     @classmethod
     def from_response(
