@@ -42,6 +42,11 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
             await trio.sleep(0.002)
 
 
+async def generate_into(engine: LocalEngine, r: ModelRequest, out: list[ModelResponse]) -> None:
+    """Run one request in the background of a test, keeping its response."""
+    out.append(await engine.agenerate(r))
+
+
 def steps(engine: LocalEngine, rid: str) -> int:
     return engine.statistics().steps_per_rid.get(rid, 0)
 
@@ -270,12 +275,8 @@ async def test_update_weights_mid_generation_from_state_dict() -> None:
     async with LocalEngine(model, tok, version=0) as engine:
         r = req(chat(tok, "go"), max_new_tokens=400)
         out: list[ModelResponse] = []
-
-        async def run() -> None:
-            out.append(await engine.agenerate(r))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
+            nursery.start_soon(generate_into, engine, r, out)
             await wait_until(lambda: steps(engine, r.rid) >= 5)
             await engine.update_weights(new_weights, 1)
             assert engine.get_version() == 1
@@ -291,12 +292,8 @@ async def test_update_weights_from_checkpoint_path_while_paused(tmp_path) -> Non
     async with LocalEngine(model, tok, version=6) as engine:
         r = req(chat(tok, "go"), max_new_tokens=300)
         out: list[ModelResponse] = []
-
-        async def run() -> None:
-            out.append(await engine.agenerate(r))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
+            nursery.start_soon(generate_into, engine, r, out)
             await wait_until(lambda: steps(engine, r.rid) >= 3)
             await engine.pause()
             assert r.rid in engine.statistics().live_rids  # deterministically mid-generation
