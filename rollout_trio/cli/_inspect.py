@@ -156,10 +156,10 @@ def format_summary(summary: DumpSummary, records: Sequence[DumpRecord], source: 
     header = f"{'scope':<13}{'version':>7}{'tasks':>7}{'rows':>7}{'accepted':>9}{'rejected':>9}{'truncated':>10}{'reward':>9}{'std':>7}{'tokens':>8}  reward histogram ({bins} bins, {lo:.3g} .. {hi:.3g})"
     out += ["", header, "-" * len(header)]
     for v in summary.versions:
-        truncated = str(v.truncated) if summary.truncation_known else "-"
+        shown = str(v.truncated) if summary.truncation_known else "-"
         out.append(
             f"{'eval-rollout' if v.is_eval else 'rollout':<13}{v.version:>7}{v.tasks:>7}{v.rows:>7}{v.accepted:>9}"
-            f"{v.rows - v.accepted:>9}{truncated:>10}{v.reward_mean:>9.3f}{v.reward_std:>7.3f}{v.length_mean:>8.1f}  "
+            f"{v.rows - v.accepted:>9}{shown:>10}{v.reward_mean:>9.3f}{v.reward_std:>7.3f}{v.length_mean:>8.1f}  "
             f"|{sparkline(v.reward_hist)}|"
         )
     lengths = sorted(completion_tokens(r) for r in records)
