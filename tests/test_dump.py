@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 import trio
@@ -21,6 +22,7 @@ from rollout_trio import Trajectory
 from rollout_trio.executor import DumpRecord, TrajectoryDumper, read_dump
 from rollout_trio.executor._dump import (
     compute_output_versions,
+    iter_dump,
     split_trajectory_for_dump,
     trajectory_lines,
 )
@@ -559,3 +561,20 @@ def test_read_dump_names_the_file_and_line_of_a_bad_record(tmp_path):
         read_dump(tmp_path)
     with pytest.raises(FileNotFoundError):
         read_dump(tmp_path / "missing")
+
+
+async def test_iter_dump_streams_light_records_and_parses_only_what_is_asked(tmp_path):
+    t = traj([[1, 2, 3], [1, 2, 4]], [[0, 1, 1], [0, 0, 1]], [[-1, 1, 2], [-1, -1, 2]], [0.5, 1.5])
+    async with TrajectoryDumper(tmp_path, "e", "t", CharTok()) as dumper:
+        for task in range(3):
+            await dumper.dump(t, task_id=task)
+    full = read_dump(tmp_path)
+    light = list(iter_dump(tmp_path, light=True))
+    assert len(light) == len(full) == 6
+    assert all(r.tokens is None and r.prompt == r.completion == "" and r.segments is None for r in light)
+    assert [attrs.evolve(r, tokens=None, prompt="", completion="", segments=None) for r in full] == light
+    assert list(iter_dump(tmp_path, only={1, 4})) == [full[1], full[4]]
+    (tmp_path / "e/t/rollout/2/1.jsonl").write_text("not json\n")
+    assert len(list(iter_dump(tmp_path, only={0}))) == 1  # unparsed lines may be anything
+    with pytest.raises(ValueError, match=r"1\.jsonl:1: not a dump record"):
+        list(iter_dump(tmp_path))

@@ -170,13 +170,13 @@ def _verified_tokenizer(records: Sequence[DumpRecord], tokenizer: Any) -> Any:
     return None
 
 
-def pick_samples(records: Sequence[DumpRecord], n: int) -> list[DumpRecord]:
-    """Up to ``n`` rows spread evenly over the versions (and within each version)."""
-    by_version: dict[tuple[bool, int], list[DumpRecord]] = {}
-    for r in records:
-        by_version.setdefault((r.is_eval, r.version), []).append(r)
+def pick_samples(records: Sequence[DumpRecord], n: int) -> list[int]:
+    """Positions of up to ``n`` rows spread evenly over the versions (and within each version)."""
+    by_version: dict[tuple[bool, int], list[int]] = {}
+    for k, r in enumerate(records):
+        by_version.setdefault((r.is_eval, r.version), []).append(k)
     per = max(1, math.ceil(n / len(by_version)))
-    out: list[DumpRecord] = []
+    out: list[int] = []
     for _, rows in sorted(by_version.items()):
         if len(rows) <= per:
             out += rows
@@ -314,8 +314,11 @@ _JS = """
 """
 
 
-def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: str, samples: int = 60, tokenizer: Any = None) -> str:
-    """The whole HTML page for ``records`` (summarized as ``summary``)."""
+def render_page(
+    records: Sequence[DumpRecord], summary: DumpSummary, shown: Sequence[DumpRecord], *, source: str, tokenizer: Any = None
+) -> str:
+    """The whole HTML page: figures from ``records`` (summarized as ``summary``; they may be
+    light records), and a table of the full records ``shown``."""
     colours = version_colours([r.version for r in records])
     accepted = sum(v.accepted for v in summary.versions)
     truncated = sum(v.truncated for v in summary.versions)
@@ -346,8 +349,7 @@ def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: 
     a, b = summary.length_range
     length_fig = bar_histogram(summary.length_hist, *summary.length_bins, figure="length-histogram", colour="#667085",
                                title="completion tokens per row", x_label="tokens", width=440, height=260)
-    tok = _verified_tokenizer(records, tokenizer)
-    shown = pick_samples(records, samples)
+    tok = _verified_tokenizer(shown, tokenizer)
     legend = "".join(f'<span><i style="background:{colours[v][0]};border:1px solid {colours[v][1]}"></i>v{v}</span>' for v in versions)
     options = "".join(f'<option value="{v}">v{v}</option>' for v in versions)
     token_note = (

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -41,6 +41,7 @@ __all__ = [
     "DumpTokens",
     "TrajectoryDumper",
     "compute_output_versions",
+    "iter_dump",
     "read_dump",
     "split_trajectory_for_dump",
 ]
@@ -541,19 +542,43 @@ def read_dump(path: str | os.PathLike[str]) -> list[DumpRecord]:
         FileNotFoundError: ``path`` does not exist.
         ValueError: naming the file and line, for a line that is not a dump record.
     """
+    return list(iter_dump(path))
+
+
+def iter_dump(
+    path: str | os.PathLike[str], *, light: bool = False, only: Container[int] | None = None
+) -> Iterator[DumpRecord]:
+    """:func:`read_dump`, one record at a time, for dumps too big to hold.
+
+    ``light`` drops ``tokens``, ``segments`` and the texts (the bulk of a line);
+    ``only`` parses just the records at these positions (in read order) and skips the
+    other lines unparsed.
+    """
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"dump path {str(root)!r} does not exist")
     files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"))
     keyed = sorted((_dump_file_key(f.absolute()), f) for f in files)
-    records: list[DumpRecord] = []
+    return _iter_records(keyed, light, only)
+
+
+def _iter_records(
+    keyed: list[tuple[tuple[bool, int, int], Path]], light: bool, only: Container[int] | None
+) -> Iterator[DumpRecord]:
+    index = -1
     for (is_eval, version, _), file in keyed:
         with file.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
+                index += 1
+                if only is not None and index not in only:
+                    continue
                 try:
-                    records.append(_record(json.loads(line), version, is_eval))
+                    obj = json.loads(line)
+                    if light and isinstance(obj, dict):
+                        obj.update(prompt="", completion="", tokens=None, segments=None)
+                    record = _record(obj, version, is_eval)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{file}:{lineno}: not a dump record: {exc!r}") from None
-    return records
+                yield record
