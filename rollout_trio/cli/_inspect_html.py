@@ -253,7 +253,7 @@ section{background:var(--card);border:1px solid var(--line);border-radius:10px;p
 .card b{display:block;font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
 .card span{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .row{display:flex;flex-wrap:wrap;gap:18px;align-items:stretch}.row>section{flex:0 1 auto}.row>section.grow{flex:1 1 640px}
-.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px}.panels svg.fig{width:100%;height:auto}
+.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,340px));gap:8px 24px}.panels svg.fig{width:100%;height:auto}
 svg.fig{max-width:100%;height:auto;font-size:11px}
 svg .grid{stroke:#eef0f3}svg .axis{stroke:#98a2b3}
 svg .tick{fill:var(--muted)}svg .label{fill:var(--muted);font-size:11.5px}
