@@ -556,9 +556,10 @@ def test_read_dump_names_the_file_and_line_of_a_bad_record(tmp_path):
     with pytest.raises(ValueError, match=r"4\.jsonl:1: not a dump record"):
         read_dump(tmp_path)
     (d / "4.jsonl").write_text("")
-    (d / "notes.jsonl").write_text("")
+    (d / "notes.jsonl").write_text("{}\n")  # a file beside the dump that is not one of its files
+    assert read_dump(tmp_path) == []
     with pytest.raises(ValueError, match="not a dump file"):
-        read_dump(tmp_path)
+        read_dump(d / "notes.jsonl")
     with pytest.raises(FileNotFoundError):
         read_dump(tmp_path / "missing")
 

@@ -18,7 +18,6 @@ process, ``flock`` across processes), and a failed write is cut back off the fil
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -33,6 +32,11 @@ import attrs
 import trio
 
 from .._trajectory import Trajectory
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; each line is still one O_APPEND write
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "DumpRecord",
@@ -308,6 +312,9 @@ class DumpStatistics:
     in_flight: int
 
 
+# Don't follow a planted symlink, don't leak the descriptor into subprocesses (POSIX only).
+_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
 # Per-file locks by striping: the same file always maps to the same lock, and the
 # number of locks stays fixed however many task files a long run creates.
 _STRIPES = 64
@@ -449,15 +456,17 @@ class TrajectoryDumper:
         # carry writes out of fileroot.
         if not _is_under(os.path.realpath(path.parent), self._root):
             raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
         try:
             with self._locks[hash(str(path)) % _STRIPES]:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     for line in lines:
                         _write_line(fd, line.encode())
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    if fcntl is not None:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
         return len(lines)
@@ -525,11 +534,11 @@ def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
     )
 
 
-def _dump_file_key(path: Path) -> tuple[bool, int, int]:
-    """``(is_eval, version, task_id)`` from ``…/{scope}/{version}/{task_id}.jsonl``."""
+def _dump_file_key(path: Path) -> tuple[bool, int, int] | None:
+    """``(is_eval, version, task_id)`` from ``…/{scope}/{version}/{task_id}.jsonl``, or None."""
     scope, version, task = path.parent.parent.name, path.parent.name, path.stem
     if scope not in SCOPES or not re.fullmatch(r"-?\d+", version) or not re.fullmatch(r"-?\d+", task):
-        raise ValueError(f"{path}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
+        return None
     return SCOPES[scope], int(version), int(task)
 
 
@@ -557,8 +566,14 @@ def iter_dump(
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"dump path {str(root)!r} does not exist")
-    files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"))
-    keyed = sorted((_dump_file_key(f.absolute()), f) for f in files)
+    if root.is_file():
+        key = _dump_file_key(root.absolute())
+        if key is None:
+            raise ValueError(f"{root}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
+        keyed = [(key, root)]
+    else:  # other JSON-lines files beside a dump (a trainer's logs) are not dump files: skip them
+        found = ((_dump_file_key(f.absolute()), f) for f in root.rglob("*.jsonl"))
+        keyed = sorted((key, f) for key, f in found if key is not None)
     return _iter_records(keyed, light, only)
 
 
