@@ -579,3 +579,18 @@ async def test_iter_dump_streams_light_records_and_parses_only_what_is_asked(tmp
     assert len(list(iter_dump(tmp_path, only={0}))) == 1  # unparsed lines may be anything
     with pytest.raises(ValueError, match=r"1\.jsonl:1: not a dump record"):
         list(iter_dump(tmp_path))
+
+
+async def test_a_tokenizer_directory_is_loaded_at_the_first_dump(tmp_path):
+    from rollout_trio.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    with pytest.raises(ValueError, match="^tokenizer: expected a tokenizer directory"):
+        TrajectoryDumper(tmp_path / "root", "e", "t", str(tmp_path / "nothing-here"))
+    ids = tok.encode("7+1=8", add_special_tokens=False)
+    t = traj([ids], [[0, 0, 0, 0, 1]], [[-1, -1, -1, -1, 0]])
+    async with TrajectoryDumper(tmp_path / "root", "e", "t", tmp_path / "tok") as dumper:
+        assert await dumper.dump(t, task_id=0)
+    (record,) = read_dump(tmp_path / "root")
+    assert (record.prompt, record.completion) == ("7+1=", "8")

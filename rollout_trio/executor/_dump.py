@@ -331,7 +331,8 @@ class TrajectoryDumper:
     Args:
         fileroot: the directory every dump lies under.
         experiment_name, trial_name: single path components matching :data:`NAME_PATTERN`.
-        tokenizer: anything with ``decode(ids, skip_special_tokens=False)``.
+        tokenizer: anything with ``decode(ids, skip_special_tokens=False)``, or a local
+            tokenizer directory (loaded once, in a worker thread, at the first dump).
         max_threads: worker threads decoding and writing at once.
 
     Raises:
@@ -351,21 +352,35 @@ class TrajectoryDumper:
             raise ValueError(f"fileroot: required for dumps; expected a directory, got {fileroot!r}")
         validate_name("experiment_name", experiment_name)
         validate_name("trial_name", trial_name)
-        if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError(f"tokenizer: required for dumps; expected an object with decode(), got {tokenizer!r}")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            if not os.path.isdir(tokenizer):
+                raise ValueError(f"tokenizer: expected a tokenizer directory, got {os.fspath(tokenizer)!r} (not a directory)")
+        elif tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+            raise ValueError(f"tokenizer: required for dumps; expected an object with decode() or a directory, got {tokenizer!r}")
         if max_threads < 1:
             raise ValueError(f"max_threads: must be >= 1, got {max_threads!r}")
         self._root = os.path.realpath(os.fspath(fileroot))
         self.directory = Path(self._root, experiment_name, trial_name)
         if not _is_under(os.path.realpath(self.directory), self._root):
             raise ValueError(f"experiment_name/trial_name: {self.directory} resolves outside fileroot {self._root}")
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(max_threads)
         self._locks = [threading.Lock() for _ in range(_STRIPES)]
         self._dumped = self._failed = self._lines = self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
         self._state: Literal["new", "open", "closed"] = "new"
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer (loaded from its directory on first use when given as a path)."""
+        with self._tokenizer_lock:
+            if isinstance(self._tokenizer, (str, os.PathLike)):
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(os.fspath(self._tokenizer), local_files_only=True)
+            return self._tokenizer
 
     async def __aenter__(self) -> TrajectoryDumper:
         if self._state != "new":
