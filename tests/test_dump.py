@@ -594,3 +594,12 @@ async def test_a_tokenizer_directory_is_loaded_at_the_first_dump(tmp_path):
         assert await dumper.dump(t, task_id=0)
     (record,) = read_dump(tmp_path / "root")
     assert (record.prompt, record.completion) == ("7+1=", "8")
+
+
+async def test_the_version_directory_is_the_trajectorys_highest_version(tmp_path, dumper):
+    t = traj([[1, 2, 3], [1, 2, 3]], [[0, 1, 1], [0, 1, 1]], [[-1, 2, 3], [-1, 5, 4]])
+    async with dumper:
+        await dumper.dump(t, task_id=8)
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.jsonl")] == ["e/t/rollout/5/8.jsonl"]
+    rows = lines_of(tmp_path / "e/t/rollout/5/8.jsonl")
+    assert [(r["head_version"], r["tail_version"]) for r in rows] == [(2, 3), (4, 5)]  # a row may be older

@@ -238,7 +238,12 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
     async with engine:
         for (is_eval, task_id), rows in sorted(by_task.items()):
             rows.sort(key=lambda r: r.sample_idx)
-            report = await replay_task(workflow, engine, data(task_id), rows, tokenizer)
+            try:
+                item = data(task_id)
+            except ValueError as exc:
+                report = TaskReplay(is_eval, task_id, tuple(sorted({r.version for r in rows})), len(rows), [str(exc)])
+            else:
+                report = await replay_task(workflow, engine, item, rows, tokenizer)
             reports.append(report)
             name = f"{'eval ' if is_eval else ''}task {task_id}"
             versions = ",".join(map(str, report.versions))
