@@ -149,10 +149,15 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         assign_rewards(session, rewards)
         session.apply_discount(self.discount)
         result = session.export(self.export_style)
-        if result:
-            last = next(reversed(result.values()))
-            workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": float(last.reward or 0.0)})
-        return result or None
+        if not result:
+            return None
+        # The episode's outcome is its last completion's reward: the reference group
+        # normalization uses for the whole logical rollout (its rows differ once discounted).
+        outcome = float(next(reversed(result.values())).reward or 0.0)
+        for inter in result.values():
+            inter.rollout_reward = outcome
+        workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": outcome})
+        return result
 
     async def _run_inline(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
         transport = httpx.ASGITransport(app=endpoint.app)
