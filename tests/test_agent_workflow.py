@@ -333,3 +333,16 @@ async def test_a_subprocess_agent_dying_without_a_result_is_a_typed_error():
     wf = AgentRolloutWorkflow(subproc_agents.ExitingAgent(), mode="subproc")
     with trio.fail_after(60), pytest.raises(AgentProcessError, match="exited with status 3 without a result"):
         await wf.arun_episode(texts_engine([]), QUESTION)
+
+
+def test_public_names_live_at_the_root_and_in_their_subpackages():
+    import inspect
+
+    import rollout_trio
+    from rollout_trio import agents, rewards, workflows
+
+    for name, sub in [("OpenAIEndpoint", agents), ("AgentRolloutWorkflow", agents), ("RewardFunction", rewards),
+                      ("RewardTimeoutError", rewards), ("RLVRWorkflow", workflows), ("MultiTurnWorkflow", workflows)]:
+        obj = getattr(rollout_trio, name)
+        assert obj is getattr(sub, name) and inspect.getdoc(obj) and obj.__module__ == "rollout_trio", name
+    assert issubclass(rollout_trio.RewardTimeoutError, rollout_trio.RolloutError)

@@ -7,8 +7,6 @@ from typing import Any
 
 import attrs
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 __all__ = ["ServerLimits", "serve_app"]
 
@@ -44,6 +42,9 @@ async def serve_app(
 
     ``port=0`` picks a free port. Use with ``base_url = await nursery.start(serve_app, app)``.
     """
+    from hypercorn.config import Config  # only subprocess agents need a socket: import on use
+    from hypercorn.trio import serve
+
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.h11_max_incomplete_size = limits.max_header_bytes
