@@ -105,6 +105,12 @@ def test_constructor_errors_name_the_field():
         RewardFunction(reward_fns.add, retries=-1)
     with pytest.raises(TypeError, match="picklable"):
         RewardFunction(lambda: 1, isolation="process")
+    def local(x):
+        return x
+
+    local.__module__ = "__main__"
+    with pytest.raises(TypeError, match="defined in __main__"):
+        RewardFunction(local, isolation="process")
     with pytest.raises(TypeError, match="fn: must be a callable"):
         RewardFunction(3)
 

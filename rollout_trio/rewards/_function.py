@@ -75,6 +75,11 @@ class RewardFunction:
         if isolation == "process":
             if not isinstance(fn, str) and inspect.iscoroutinefunction(fn):
                 raise TypeError("fn: an async function cannot run in a worker process; use isolation='thread'")
+            if getattr(fn, "__module__", None) == "__main__":
+                raise TypeError(
+                    f"fn: {fn!r} is defined in __main__, which a worker process cannot import; "
+                    "for isolation='process' define it in a module (or pass an import string)"
+                )
             try:
                 pickle.dumps(fn)
             except Exception as exc:
