@@ -256,3 +256,14 @@ def test_constructor_errors_name_the_field():
         OpenAIEndpoint(ScriptedEngine())
     with pytest.raises(ValueError, match="default_max_tokens"):
         OpenAIEndpoint(texts_engine([]), default_max_tokens=0)
+
+
+@pytest.mark.parametrize("size", [10, 5000])  # short: templated on the event loop; long: in a thread
+async def test_prompt_ids_are_the_chat_template_whatever_the_length(size):
+    engine = texts_engine(["ok"])
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "x" * size}]
+    ep = OpenAIEndpoint(engine)
+    with ep.session() as s:
+        assert (await post(ep, s.key, {"messages": messages})).status_code == 200
+    expected = TOKENIZER.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert list(engine.requests[0].input_ids) == expected

@@ -170,7 +170,7 @@ class OpenAIEndpoint:
     async def _complete(self, request: Request) -> JSONResponse:
         session = self._authorize(request)
         req = parse_request(await self._read_json(request), max_tokens_limit=self.max_tokens_limit)
-        prompt = await trio.to_thread.run_sync(self.template.prompt_ids, req.messages, req.tools)
+        prompt = await self.template.aprompt_ids(req.messages, req.tools)
         rid = uuid.uuid4().hex
         mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer)
         resp = await self._generate(session, request, mreq)
