@@ -58,4 +58,4 @@ async def serve_app(
         def started(self, binds: list[str] | None = None) -> None:
             task_status.started(binds[0] if binds else f"http://{host}:{port}")
 
-    await serve(app, config, mode="asgi", task_status=_Status())  # type: ignore[arg-type]
+    await serve(app, config, mode="asgi", task_status=_Status())
