@@ -11,7 +11,10 @@ the HTTP layer costs:
 * loopback: the same app served by Hypercorn's Trio worker on 127.0.0.1, with httpx's
   default pool and with the project's ``TrioTransport``.
 
-Run: python bench/agent_bench.py [--quick] [--agents N] [--turns T] [--repeats R]
+With ``--engine-ms`` the engine takes that long per completion (a real server's
+decode time), which shows what the HTTP layer costs when generation is not free.
+
+Run: python bench/agent_bench.py [--quick] [--agents N] [--turns T] [--repeats R] [--engine-ms MS]
 """
 
 from __future__ import annotations
@@ -44,12 +47,15 @@ MESSAGES = [
 
 
 class InstantEngine:
-    """Answers at once (one checkpoint) with ``OUT_TOKENS`` tokens."""
+    """Answers with ``OUT_TOKENS`` tokens at once (one checkpoint), or after ``latency`` s."""
 
     tokenizer = TOKENIZER
 
+    def __init__(self, latency: float = 0.0) -> None:
+        self.latency = latency
+
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.latency) if self.latency else await trio.lowlevel.checkpoint()
         n = min(OUT_TOKENS, req.gconfig.max_new_tokens)
         return ModelResponse(
             input_tokens=req.input_ids,
@@ -118,7 +124,7 @@ async def measure(agent: Agent, agents: int, turns: int, repeats: int) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine = InstantEngine()
+    engine = InstantEngine(args.engine_ms / 1000)
     endpoint = OpenAIEndpoint(engine)  # type: ignore[arg-type]
     n, t, r = args.agents, args.turns, args.repeats
     # One client per path (its connection pool shared by the agents), built outside the timing.
@@ -140,7 +146,8 @@ async def main(args: argparse.Namespace) -> None:
             results["loopback openai SDK (TrioTransport)"] = await measure(via_openai(endpoint, t, client), n, t, r)
         nursery.cancel_scope.cancel()
     baseline = results["direct (template + agenerate + decode)"]
-    print(f"{n} concurrent agents x {t} completions, {OUT_TOKENS} output tokens each, median of {r}")
+    kind = f"an engine taking {args.engine_ms} ms per completion" if args.engine_ms else "an instant engine"
+    print(f"{n} concurrent agents x {t} completions, {OUT_TOKENS} output tokens each, {kind}, median of {r}")
     print(f"{'path':<40} {'completions/s':>14} {'vs direct':>10}")
     for name, rate in results.items():
         print(f"{name:<40} {rate:>14.0f} {rate / baseline:>9.2f}x")
@@ -151,6 +158,7 @@ if __name__ == "__main__":
     p.add_argument("--agents", type=int, default=64)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--engine-ms", type=float, default=0.0, help="engine latency per completion (default 0: instant)")
     p.add_argument("--quick", action="store_true", help="2 repeats of 2 turns (a smoke run)")
     a = p.parse_args()
     if a.quick:
