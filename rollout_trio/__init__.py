@@ -15,6 +15,7 @@ from ._errors import EngineError as EngineError
 from ._errors import EngineProtocolError as EngineProtocolError
 from ._errors import EngineServerError as EngineServerError
 from ._errors import EngineTimeoutError as EngineTimeoutError
+from ._errors import GroupRolloutError as GroupRolloutError
 from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError

@@ -2,8 +2,8 @@
 
 The slots of a group live and die together. A slot that raises cancels its siblings
 (and, through the engines' cancellation contract, their server-side generations); the
-group then raises a strict ``ExceptionGroup`` whose leaves carry their slot index as a
-note. A slot that *returns* ``None`` (or ``{}``) is a rejected rollout, not a failure.
+group then raises a :class:`GroupRolloutError`: a strict ``ExceptionGroup`` of what the
+slots raised, each noted with its slot index, carrying the group size and failing slots. A slot that *returns* ``None`` (or ``{}``) is a rejected rollout, not a failure.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ._assemble import (
     last_interaction_rewards,
     token_positions,
 )
+from ._errors import GroupRolloutError, exception_leaves
 from ._processor_cache import ProcessorCache
 from ._stats import StatsRecorder
 from ._workflow import RolloutWorkflow, resolve_workflow
@@ -73,6 +74,9 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
 
     Raises:
         ValueError: an invalid size, or reward normalization with ``group_size == 1``.
+
+    ``arun_episode`` raises :class:`GroupRolloutError` when slots fail, and
+    :class:`WorkflowContractError` when a result breaks the contract.
     """
 
     def __init__(
@@ -155,14 +159,24 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         cache = ProcessorCache()
         group_ctx = parent.evolve(group_size=g, processor_cache=cache, sample_idx=None)
         results: list[Any] = [None] * g
+        failed_in: dict[int, int] = {}  # id(leaf exception) -> the slot that raised it
         try:
             async with trio.open_nursery() as nursery:
                 for i in range(g):
-                    nursery.start_soon(self._run_slot, engine, data, group_ctx, i, results)
+                    nursery.start_soon(self._run_slot, engine, data, group_ctx, i, results, failed_in)
         except BaseException as exc:
             await self._finalize(group_ctx, cache)
             if isinstance(exc, Exception):
                 self._metrics_hook(data, results)
+            # Trio may re-derive a slot's own exception group (to split out Cancelled),
+            # so a slot is recognised by the leaves it raised.
+            slot_of = [failed_in.get(id(exception_leaves(e)[0])) for e in getattr(exc, "exceptions", ())]
+            if isinstance(exc, ExceptionGroup) and None not in slot_of:
+                slots = [s for s in slot_of if s is not None]
+                raise GroupRolloutError(
+                    f"{len(slots)} of {g} slots failed (slots {sorted(slots)})",
+                    exc.exceptions, group_size=g, slots=slots,
+                ).with_traceback(exc.__traceback__) from None
             raise
         await self._finalize(group_ctx, cache)
         self._metrics_hook(data, results)
@@ -174,7 +188,13 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         return out
 
     async def _run_slot(
-        self, engine: InferenceEngine, data: Any, group_ctx: workflow_context.WorkflowContext, i: int, results: list[Any]
+        self,
+        engine: InferenceEngine,
+        data: Any,
+        group_ctx: workflow_context.WorkflowContext,
+        i: int,
+        results: list[Any],
+        failed_in: dict[int, int],
     ) -> None:
         workflow_context.set(
             workflow_context.WorkflowContext(
@@ -189,6 +209,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
             results[i] = await self.workflow.arun_episode(engine, data)
         except Exception as exc:
             exc.add_note(f"rollout_trio: raised in slot {i} of a group of {self.group_size}")
+            failed_in.update(dict.fromkeys(map(id, exception_leaves(exc)), i))
             raise
 
     async def _finalize(self, group_ctx: workflow_context.WorkflowContext, cache: ProcessorCache) -> None:
