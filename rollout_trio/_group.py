@@ -237,7 +237,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
             hook(data, rewards, self.group_size)
 
     def _record(self, stats: GroupStatistics) -> None:
-        recorder = self.stats or workflow_context.stats_recorder()
+        recorder = self.stats if self.stats is not None else workflow_context.stats_recorder()
         recorder.record(workflow_context.stat_scope(), stats.as_dict())
 
 
