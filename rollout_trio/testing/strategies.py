@@ -24,8 +24,10 @@ from .._rollout_group import RolloutGroup
 from .._trajectory import SEQUENCE_KEYS, Trajectory
 
 __all__ = [
+    "any_rewards",
     "corrupted_trajectory_dicts",
     "generation_configs",
+    "group_options",
     "interactions",
     "model_responses",
     "rewards",
@@ -41,6 +43,37 @@ FLOAT_DTYPES = (torch.float32, torch.float64)
 def rewards(*, min_value: float = -100.0, max_value: float = 100.0) -> st.SearchStrategy[float]:
     """Finite rewards exactly representable in float32 (so tensors round-trip)."""
     return st.floats(min_value, max_value, allow_nan=False, allow_infinity=False, width=32)
+
+
+#: Magnitudes where float32 arithmetic breaks: overflow of squares, float32's edge, subnormals.
+EDGE_MAGNITUDES = (1e20, 1e30, 3.4028234663852886e38, 3.5e38, 1e300, 1e-20, 1e-38, 1.4e-45, 5e-324)
+
+
+def any_rewards() -> st.SearchStrategy[float]:
+    """Any float a workflow might hand back as a reward: ordinary values, NaN, infinities,
+    magnitudes at and beyond float32's range, and tiny or subnormal ones."""
+    edges = st.sampled_from(EDGE_MAGNITUDES).flatmap(lambda m: st.sampled_from([m, -m]))
+    return st.one_of(rewards(), edges, st.floats(allow_nan=True, allow_infinity=True))
+
+
+def group_options(group_size: int) -> st.SearchStrategy[dict[str, Any]]:
+    """Valid :class:`~rollout_trio.GroupedRolloutWorkflow` options for ``group_size``
+    slots, with ``reward_normalization`` on or off."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, Any]:
+        normalize = group_size > 1 and draw(st.booleans())
+        low = 2 if normalize else 1
+        opts: dict[str, Any] = {
+            "reward_normalization": normalize,
+            "drop_incomplete_group": draw(st.booleans()),
+            "min_usable_group_size": draw(st.integers(low, max(low, group_size))),
+        }
+        if normalize:
+            opts["reward_normalization_use_std"] = draw(st.booleans())
+        return opts
+
+    return build()
 
 
 def generation_configs() -> st.SearchStrategy[GenerationConfig]:
