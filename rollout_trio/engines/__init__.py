@@ -9,3 +9,18 @@ from ._remote_http import RetryPolicy as RetryPolicy
 from ._replay import ReplayEngine as ReplayEngine
 from ._replay import ReplayMismatchError as ReplayMismatchError
 from ._transport import TrioTransport as TrioTransport
+
+__all__ = [
+    "InferenceEngine",
+    "LocalEngine",
+    "LocalEngineStatistics",
+    "RemoteEngine",
+    "RetryPolicy",
+    "TrioTransport",
+    "WeightsSource",
+]
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,8 +11,10 @@ from .._config import GenerationConfig
 from .._io import ModelRequest
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow
-from ..engines import InferenceEngine
 from ._common import as_reward_function, default_get_input_ids, load_tokenizer, prompt_ids
+
+if TYPE_CHECKING:
+    from ..engines import InferenceEngine
 
 __all__ = ["FEEDBACK", "MultiTurnWorkflow"]
 

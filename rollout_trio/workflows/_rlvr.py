@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
@@ -17,8 +17,10 @@ from .._config import GenerationConfig
 from .._io import ModelRequest
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow
-from ..engines import InferenceEngine
 from ._common import as_reward_function, default_data_extract_prompt, default_get_input_ids, load_tokenizer, prompt_ids, resolve_callable
+
+if TYPE_CHECKING:
+    from ..engines import InferenceEngine
 
 __all__ = ["RLVRWorkflow", "RewardFn", "rlvr_workflow"]
 
