@@ -1,0 +1,18 @@
+"""The rollout executor a trainer embeds: submit / wait / prepare_batch under a staleness bound.
+
+Trio trainers use :func:`open_executor`; others use :class:`SyncRolloutExecutor`, which
+runs the executor in a background thread.
+"""
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._config import RolloutConfig as RolloutConfig
+from ._executor import ExecutorFailed as ExecutorFailed
+from ._executor import ExecutorStatistics as ExecutorStatistics
+from ._executor import RolloutExecutor as RolloutExecutor
+from ._executor import TaskOutcome as TaskOutcome
+from ._executor import open_executor as open_executor
+from ._staleness import RolloutStat as RolloutStat
+from ._staleness import StalenessManager as StalenessManager
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata
