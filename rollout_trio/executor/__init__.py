@@ -13,6 +13,7 @@ from ._executor import TaskOutcome as TaskOutcome
 from ._executor import open_executor as open_executor
 from ._staleness import RolloutStat as RolloutStat
 from ._staleness import StalenessManager as StalenessManager
+from ._sync import SyncRolloutExecutor as SyncRolloutExecutor
 
 _fixup_module_metadata(__name__, globals())
 del _fixup_module_metadata

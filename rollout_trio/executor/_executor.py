@@ -714,7 +714,7 @@ class RolloutExecutor:
         if self._feed is None:
             wf = self._resolve(workflow, workflow_kwargs, group_size, group_options)
             self._feed = _Feed(source, workflow, wf, should_accept_fn)
-        elif self._feed.source is not source or self._feed.workflow_arg is not workflow:
+        elif not _same_source(self._feed.source, source) or self._feed.workflow_arg is not workflow:
             raise ValueError(
                 "prepare_batch: called with another data source or workflow than the first call; "
                 "one executor cycles one source (use submit / rollout_batch for others)"
@@ -756,6 +756,11 @@ class RolloutExecutor:
                         return kept
                 self._notify()
                 await self._park()
+
+
+def _same_source(a: Any, b: Any) -> bool:
+    """The same object, or equal plain sequences (``range(8)`` written twice is one source)."""
+    return a is b or (type(a) is type(b) and isinstance(a, (range, list, tuple)) and a == b)
 
 
 class _Feed:
