@@ -23,6 +23,8 @@ from .executor import ExecutorFailed as ExecutorFailed
 from .executor import RolloutConfig as RolloutConfig
 from .executor import RolloutExecutor as RolloutExecutor
 from .executor import SyncRolloutExecutor as SyncRolloutExecutor
+from .executor import TrajectoryDumper as TrajectoryDumper
+from .executor import read_dump as read_dump
 from .executor import open_executor as open_executor
 from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
 from ._group import GroupStatistics as GroupStatistics

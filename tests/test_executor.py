@@ -548,3 +548,40 @@ async def test_dumper_sees_accepted_and_rejected() -> None:
 def test_config_in_open_executor_is_validated() -> None:
     with pytest.raises(ValueError, match="unknown keys"):
         RolloutConfig.coerce({"queue": 1})
+
+
+async def test_dumps_through_the_executor(tmp_path: Any) -> None:
+    """Accepted and should_accept_fn-rejected trajectories are dumped (with ``accepted``),
+    None results are not; the dumper is flushed when the executor exits."""
+    from rollout_trio.executor import read_dump
+    from rollout_trio.models import byte_tokenizer
+
+    async def wf(engine: Any, data: str) -> Trajectory | None:
+        return None if data == "none" else await gen_workflow(engine, {})
+
+    cfg = RolloutConfig(
+        dump_to_file=True, fileroot=str(tmp_path), experiment_name="exp", trial_name="t1",
+        max_head_offpolicyness=10, max_concurrent_rollouts=3,
+    )  # fmt: skip
+    async with ScriptedEngine() as engine, open_executor(engine, cfg, tokenizer=byte_tokenizer()) as ex:
+        a = ex.submit("ok", wf)
+        b = ex.submit("ok", wf, should_accept_fn=lambda t: False, is_eval=True)
+        c = ex.submit("none", wf)
+        for tid in (a, b, c):
+            await ex.wait_for_task(tid)
+    records = read_dump(tmp_path / "exp" / "t1")
+    assert sorted((r.task_id, r.accepted, r.is_eval) for r in records) == [(a, True, False), (b, False, True)]
+
+
+@pytest.mark.parametrize("name", ["../../x", "/abs/path", ""])
+async def test_hostile_dump_names_fail_at_start(tmp_path: Any, name: str) -> None:
+    from rollout_trio.models import byte_tokenizer
+
+    async with ScriptedEngine() as engine:
+        with pytest.raises(ValueError):
+            async with open_executor(
+                engine, dump_to_file=True, fileroot=str(tmp_path), experiment_name=name, trial_name="t",
+                tokenizer=byte_tokenizer(),
+            ):  # fmt: skip
+                pass
+    assert list(tmp_path.iterdir()) == []

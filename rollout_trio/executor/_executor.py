@@ -236,6 +236,11 @@ class RolloutExecutor:
         return self.stats.export(reset=reset)
 
     @property
+    def dumper(self) -> Any:
+        """The trajectory dumper (None without ``dump_to_file``); its ``statistics()`` count dumps."""
+        return self._dumper
+
+    @property
     def paused(self) -> bool:
         """Whether :meth:`pause` is in effect."""
         return self._paused
@@ -827,7 +832,7 @@ def _make_dumper(config: RolloutConfig, tokenizer: Any, dumper: Any) -> Any:
         missing.append("tokenizer")
     if missing:
         raise ValueError(f"RolloutConfig.dump_to_file: needs {', '.join(missing)} (set them, or turn dump_to_file off)")
-    from ._dump import TrajectoryDumper  # type: ignore[import-not-found,unused-ignore]
+    from ._dump import TrajectoryDumper
 
     return TrajectoryDumper(config.fileroot, config.experiment_name, config.trial_name, tokenizer)
 
