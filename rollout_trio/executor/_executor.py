@@ -647,19 +647,21 @@ class RolloutExecutor:
         group_size: int = 1,
         is_eval: bool = False,
         should_accept_fn: AcceptFn | None = None,
+        callback: Callback | None = None,
         progress: bool | None = None,
         **group_options: Any,
     ) -> list[Result]:
         """Run every item once and return the accepted trajectories in input order.
 
-        Waits for its own tasks only. ``progress``: a tqdm bar (default: when stderr is a terminal).
+        Waits for its own tasks only. ``callback`` is called with each task's
+        :class:`TaskOutcome`; ``progress``: a tqdm bar (default: when stderr is a terminal).
         """
         self._check()
         wf = self._resolve(workflow, workflow_kwargs, group_size, group_options)
         collector = _Collector()
         tasks = [
             self._enqueue(
-                item, wf, task_id=None, is_eval=is_eval, should_accept_fn=should_accept_fn, callback=None,
+                item, wf, task_id=None, is_eval=is_eval, should_accept_fn=should_accept_fn, callback=callback,
                 collector=collector,
             )
             for item in data_list
@@ -699,6 +701,8 @@ class RolloutExecutor:
         batch_size: int | None = None,
         should_accept_fn: AcceptFn | None = None,
         dynamic_bs: bool = False,
+        cycle: bool = True,
+        callback: Callback | None = None,
         group_size: int = 1,
         progress: bool | None = None,
         **group_options: Any,
@@ -709,7 +713,11 @@ class RolloutExecutor:
         attribute says each element is a batch) is cycled forever; at most
         ``(max_head_offpolicyness + 1) * consumer_batch_size`` of its items wait queued.
         Returns ``batch_size`` accepted trajectories, or with ``dynamic_bs`` the accepted
-        ones among the next ``batch_size`` finished tasks.
+        ones among the next ``batch_size`` finished tasks. With ``cycle=False`` the source
+        is read once: when it is used up and its tasks are all taken, the batch is returned
+        as it is (possibly short, possibly empty). ``callback`` gets every task's
+        :class:`TaskOutcome` (the first call's ``should_accept_fn``, ``cycle`` and
+        ``callback`` stay in force).
 
         Raises:
             ValueError: another source or workflow than the first call's; a batch larger
@@ -718,7 +726,7 @@ class RolloutExecutor:
         self._check()
         if self._feed is None:
             wf = self._resolve(workflow, workflow_kwargs, group_size, group_options)
-            self._feed = _Feed(source, workflow, wf, should_accept_fn)
+            self._feed = _Feed(source, workflow, wf, should_accept_fn, cycle=cycle, callback=callback)
         elif not _same_source(self._feed.source, source) or self._feed.workflow_arg is not workflow:
             raise ValueError(
                 "prepare_batch: called with another data source or workflow than the first call; "
@@ -741,16 +749,20 @@ class RolloutExecutor:
                 for _ in range(min(batch_size, capacity)):
                     item = await feed.next_item()
                     self._check()
+                    if item is _END:
+                        break
                     task = self._enqueue(
                         item, feed.workflow, task_id=None, is_eval=False, should_accept_fn=feed.should_accept_fn,
-                        callback=None, collector=feed.collector,
+                        callback=feed.callback, collector=feed.collector,
                     )
                     feed.queued.append(task)
+                    feed.outstanding += 1
                 while feed.queued and (feed.queued[0].status is not None or feed.queued[0] not in self._pending):
                     feed.queued.popleft()
                 while feed.collector.done:
                     task = feed.collector.done.popleft()
                     result = self._take(task)
+                    feed.outstanding -= 1
                     attempts += 1
                     if result is not None:
                         kept.append(result)
@@ -759,8 +771,14 @@ class RolloutExecutor:
                     if (attempts if dynamic_bs else len(kept)) >= batch_size:
                         self._notify()
                         return kept
+                if feed.exhausted and not feed.outstanding:
+                    self._notify()
+                    return kept
                 self._notify()
                 await self._park()
+
+
+_END = object()  # a source read once (cycle=False) has no more items
 
 
 def _same_source(a: Any, b: Any) -> bool:
@@ -771,13 +789,26 @@ def _same_source(a: Any, b: Any) -> bool:
 class _Feed:
     """``prepare_batch``'s source, cycled forever, and the tasks made from it."""
 
-    def __init__(self, source: Any, workflow_arg: Any, workflow: RolloutWorkflow, should_accept_fn: AcceptFn | None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        workflow_arg: Any,
+        workflow: RolloutWorkflow,
+        should_accept_fn: AcceptFn | None,
+        *,
+        cycle: bool,
+        callback: Callback | None,
+    ) -> None:
         if not isinstance(source, (Iterable, AsyncIterable)):
             raise TypeError(f"prepare_batch: source must be an iterable or async iterable, got {type(source).__name__}")
         self.source = source
         self.workflow_arg = workflow_arg
         self.workflow = workflow
         self.should_accept_fn = should_accept_fn
+        self.cycle = cycle
+        self.callback = callback
+        self.exhausted = False
+        self.outstanding = 0  # tasks made from the source and not yet taken
         self.batched = isinstance(getattr(source, "batch_size", None), int)
         self.collector = _Collector()
         self.queued: collections.deque[_Task] = collections.deque()
@@ -797,6 +828,8 @@ class _Feed:
 
     async def next_item(self) -> Any:
         while True:
+            if self.exhausted:
+                return _END
             if self._items:
                 return self._items.popleft()
             if self._it is None:
@@ -812,6 +845,9 @@ class _Feed:
                 self._it = None
                 if not self._yielded:
                     raise ValueError("prepare_batch: the data source yielded nothing in a full pass") from None
+                if not self.cycle:
+                    self.exhausted = True
+                    continue
                 self.epoch += 1
                 sampler = getattr(self.source, "sampler", None)
                 if hasattr(sampler, "set_epoch"):
