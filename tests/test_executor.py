@@ -585,3 +585,21 @@ async def test_hostile_dump_names_fail_at_start(tmp_path: Any, name: str) -> Non
             ):  # fmt: skip
                 pass
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_progress_bar_only_when_asked_or_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    async with ScriptedEngine() as engine, ex_of(engine) as ex:
+        await ex.rollout_batch([{}] * 3, gen_workflow)  # stderr is not a terminal here: silent
+        assert capsys.readouterr().err == ""
+        await ex.rollout_batch([{}] * 3, gen_workflow, progress=True)
+        err = capsys.readouterr().err
+        assert "task" in err and "0/3" in err, err
+
+
+async def test_group_statistics_are_kept_per_scope() -> None:
+    async with ScriptedEngine() as engine, ex_of(engine, max_concurrent_rollouts=2) as ex:
+        await ex.rollout_batch([{}], gen_workflow, group_size=2, progress=False)
+        await ex.rollout_batch([{}], gen_workflow, group_size=3, is_eval=True, progress=False)
+        stats = ex.group_statistics()
+    assert stats["rollout/target_slot_count"] == 2.0
+    assert stats["eval-rollout/target_slot_count"] == 3.0

@@ -634,7 +634,7 @@ class RolloutExecutor:
         show = sys.stderr.isatty() if progress is None else progress
         if not show:
             return nullcontext(None)
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
         return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
 
@@ -849,9 +849,9 @@ class _Feed:
                     self.exhausted = True
                     continue
                 self.epoch += 1
-                sampler = getattr(self.source, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(self.epoch)
+                set_epoch = getattr(getattr(self.source, "sampler", None), "set_epoch", None)
+                if callable(set_epoch):
+                    set_epoch(self.epoch)
                 continue
             self._yielded = True
             if self.batched:
@@ -870,6 +870,7 @@ def _make_dumper(config: RolloutConfig, tokenizer: Any, dumper: Any) -> Any:
         raise ValueError(f"RolloutConfig.dump_to_file: needs {', '.join(missing)} (set them, or turn dump_to_file off)")
     from ._dump import TrajectoryDumper
 
+    assert config.fileroot and config.experiment_name and config.trial_name  # checked above
     return TrajectoryDumper(config.fileroot, config.experiment_name, config.trial_name, tokenizer)
 
 
