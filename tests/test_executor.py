@@ -603,3 +603,33 @@ async def test_group_statistics_are_kept_per_scope() -> None:
         stats = ex.group_statistics()
     assert stats["rollout/target_slot_count"] == 2.0
     assert stats["eval-rollout/target_slot_count"] == 3.0
+
+
+async def test_an_abandoned_rollout_batch_loses_no_accepted_trajectory(autojump_clock: trio.testing.MockClock) -> None:
+    async def wf(engine: Any, data: int) -> Trajectory:
+        await trio.sleep(data)
+        return Trajectory.from_dict({"input_ids": torch.tensor([[data]]), "attention_mask": torch.tensor([[True]])})
+
+    async with ScriptedEngine() as engine, ex_of(engine, max_concurrent_rollouts=4) as ex:
+        with trio.move_on_after(5):
+            await ex.rollout_batch([1, 2, 100, 200], wf, progress=False)
+        await trio.testing.wait_all_tasks_blocked()  # the cancelled tasks unwind
+        s = ex.statistics()
+        assert (s.buffered, s.cancelled, s.running) == (2, 2, 0) and s.balanced()  # the slow two were cancelled
+        assert sorted(int(t.input_ids[0, 0]) for t in await ex.wait(2)) == [1, 2]
+
+
+async def test_an_abandoned_prepare_batch_hands_its_trajectories_to_the_next_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def wf(engine: Any, data: int) -> Trajectory:
+        await trio.sleep(data)
+        return Trajectory.from_dict({"input_ids": torch.tensor([[data]]), "attention_mask": torch.tensor([[True]])})
+
+    source = [1, 1000, 1000]
+    async with ScriptedEngine() as engine, open_executor(engine, max_concurrent_rollouts=3, consumer_batch_size=3) as ex:
+        with trio.move_on_after(10):
+            await ex.prepare_batch(source, wf, batch_size=3)
+        assert ex.statistics().buffered == 1 and ex.statistics().balanced()
+        batch = await ex.prepare_batch(source, wf, batch_size=3)
+        assert [int(t.input_ids[0, 0]) for t in batch] == [1, 1000, 1000]  # the one taken before is first
