@@ -633,3 +633,24 @@ async def test_an_abandoned_prepare_batch_hands_its_trajectories_to_the_next_cal
         assert ex.statistics().buffered == 1 and ex.statistics().balanced()
         batch = await ex.prepare_batch(source, wf, batch_size=3)
         assert [int(t.input_ids[0, 0]) for t in batch] == [1, 1000, 1000]  # the one taken before is first
+
+
+async def test_a_source_that_outruns_the_trainer_waits(autojump_clock: trio.testing.MockClock) -> None:
+    """prepare_batch pulls items lazily: a trainer that stops asking stops the reading."""
+    pulled = 0
+
+    def endless() -> Any:
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield {}
+
+    source = endless()
+    async with ScriptedEngine() as engine, open_executor(
+        engine, consumer_batch_size=2, max_concurrent_rollouts=8, max_head_offpolicyness=1
+    ) as ex:
+        assert len(await ex.prepare_batch(source, gen_workflow, batch_size=2)) == 2
+        await trio.sleep(1000)
+        assert pulled <= 2 + ex.staleness.get_pending_limit()
+        s = ex.statistics()
+        assert s.buffered + s.running + s.queued + s.accepted == pulled
