@@ -20,6 +20,13 @@ from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
+from .executor import ExecutorFailed as ExecutorFailed
+from .executor import RolloutConfig as RolloutConfig
+from .executor import RolloutExecutor as RolloutExecutor
+from .executor import SyncRolloutExecutor as SyncRolloutExecutor
+from .executor import TrajectoryDumper as TrajectoryDumper
+from .executor import read_dump as read_dump
+from .executor import open_executor as open_executor
 from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
 from ._assemble import GroupStatistics as GroupStatistics
 from ._group import run_group as run_group
@@ -56,6 +63,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineServerError",
     "EngineTimeoutError",
+    "ExecutorFailed",
     "GenerationConfig",
     "GroupedRolloutWorkflow",
     "GroupRolloutError",
@@ -69,10 +77,14 @@ __all__ = [
     "RewardFunction",
     "RewardTimeoutError",
     "RLVRWorkflow",
+    "RolloutConfig",
     "RolloutError",
+    "RolloutExecutor",
     "RolloutGroup",
     "RolloutWorkflow",
+    "SyncRolloutExecutor",
     "Trajectory",
+    "TrajectoryDumper",
     "UnsupportedRequestError",
     "VersionMismatchError",
     "WorkflowContractError",
@@ -83,6 +95,8 @@ __all__ = [
     "interactions_to_trajectory",
     "normalize_advantages",
     "normalize_rewards",
+    "open_executor",
+    "read_dump",
     "resolve_workflow",
     "run_group",
     "split_trajectories",

@@ -18,7 +18,7 @@ import torch
 import trio
 import trio.testing
 
-from rollout_trio import Trajectory
+from rollout_trio import Trajectory, WorkflowContractError
 from rollout_trio.executor import DumpRecord, TrajectoryDumper, read_dump
 from rollout_trio.executor._dump import (
     compute_output_versions,
@@ -197,12 +197,14 @@ async def test_case17_row_whose_last_token_was_not_generated_is_skipped(tmp_path
     assert [r["sample_idx"] for r in lines_of(tmp_path / "e/t/rollout/4/42.jsonl")] == [0]
 
 
-async def test_case18_row_with_no_attended_token_is_skipped(tmp_path, dumper):
-    t = traj([[5, 6, 7], [5, 0, 0]], [[0, 1, 1], [0, 0, 0]], [[-1, 2, 2], [-1, -1, -1]], attn=[[1, 1, 1], [0, 0, 0]])
-    async with dumper:
-        await dumper.dump(t, task_id=3)
-    assert [r["sample_idx"] for r in lines_of(tmp_path / "e/t/rollout/2/3.jsonl")] == [0]
-    assert dumper.statistics().lines == 1
+def test_case18_row_with_no_attended_token_never_reaches_a_dump():
+    """Spec case 18 skips a row with no attended token; our contract refuses such a row first.
+
+    A 0-length sequence is no rollout (issue 11), so the trajectory cannot be built and
+    nothing can be dumped for it.
+    """
+    with pytest.raises(WorkflowContractError, match="attention_mask.*at least one position"):
+        traj([[5, 6, 7], [5, 0, 0]], [[0, 1, 1], [0, 0, 0]], [[-1, 2, 2], [-1, -1, -1]], attn=[[1, 1, 1], [0, 0, 0]])
 
 
 async def test_case19_missing_versions_use_the_given_version_with_a_warning(tmp_path, dumper, caplog):

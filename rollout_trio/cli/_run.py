@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -12,14 +14,11 @@ from typing import Any
 
 import torch
 import trio
-from tqdm import tqdm
-
-from .. import workflow_context
 from .._config import GenerationConfig
-from .._group import GroupedRolloutWorkflow
 from .._stats import StatsRecorder
 from .._trajectory import Trajectory
 from ..engines import LocalEngine
+from ..executor import RolloutConfig, TaskOutcome, open_executor
 from ..workflows import rlvr_workflow
 
 __all__ = ["arithmetic_prompts", "arithmetic_reward", "run_main"]
@@ -51,19 +50,32 @@ def arithmetic_reward(completion: str, data: Mapping[str, Any]) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rollout-trio run",
-        description="Run grouped rollouts of toy arithmetic on the embedded engine and print rewards and group statistics.",
+        description=(
+            "Run grouped rollouts of toy arithmetic on the embedded engine through the executor, "
+            "printing each group as it finishes, then group statistics. Ctrl-C stops new work, "
+            "aborts the episodes in flight, prints the summary and exits 130."
+        ),
     )
     p.add_argument("--groups", type=int, default=16, help="prompts (one group each); default 16")
     p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G); default 8")
     p.add_argument("--concurrency", type=int, default=4, help="groups in flight at once; default 4")
+    p.add_argument("--consumer-batch-size", type=int, default=None,
+                   help="groups the consumer takes per batch (default: --concurrency)")
+    p.add_argument("--max-head-offpolicyness", type=int, default=1000,
+                   help="versions a batch may lag (the run never bumps the version); default 1000")
     p.add_argument("--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if present, else cpu)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--reward-normalization", action="store_true", help="normalize rewards within each group")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole run is abandoned")
-    return p
+    p.add_argument("--episode-timeout", type=float, default=None,
+                   help="seconds one group may take; a group past it counts as failed (default: no limit)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before the whole run stops as if interrupted (default: no limit)")
+    p.add_argument("--dump", metavar="DIR", default=None,
+                   help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md)")
+    return p  # fmt: skip
 
 
 def _build_engine(args: argparse.Namespace) -> LocalEngine:
@@ -76,9 +88,56 @@ def _build_engine(args: argparse.Namespace) -> LocalEngine:
     return LocalEngine(model, tokenizer, seed=args.seed)
 
 
+class _Summary:
+    """Streams one line per finished group and counts the outcomes."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.counts: dict[str, int] = {"accepted": 0, "dropped": 0, "failed": 0}
+        self.episodes = 0
+
+    def header(self) -> None:
+        print(f"group  question     per-slot rewards (G={self.group_size})", flush=True)
+
+    def on_outcome(self, outcome: TaskOutcome) -> None:
+        if outcome.status == "cancelled":
+            return
+        k = outcome.data["index"]
+        question = outcome.data["messages"][0]["content"]
+        traj = outcome.trajectory
+        if outcome.status == "accepted" and isinstance(traj, Trajectory):
+            raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
+            assert raw is not None
+            shown = " ".join(f"{r:.1f}" for r in raw.tolist())
+            line = f"{k:>3}  {question:<12} rewards [{shown}]  mean {raw.mean():.2f}"
+            self.counts["accepted"] += 1
+        elif outcome.status == "failed":
+            line = f"{k:>3}  {question:<12} failed ({outcome.reason})"
+            self.counts["failed"] += 1
+        else:
+            line = f"{k:>3}  {question:<12} dropped"
+            self.counts["dropped"] += 1
+        self.episodes += self.group_size
+        print(line, flush=True)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    prompts = arithmetic_prompts(args.groups, seed=args.seed)
+    prompts = [dict(p, index=k) for k, p in enumerate(arithmetic_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
+    summary = _Summary(args.group_size)
+    batch_size = args.consumer_batch_size or args.concurrency
+    config = RolloutConfig(
+        consumer_batch_size=batch_size,
+        max_concurrent_rollouts=args.concurrency,
+        max_head_offpolicyness=args.max_head_offpolicyness,
+        queue_size=max(batch_size, args.concurrency) * 16,
+        episode_timeout=args.episode_timeout,
+        dump_to_file=args.dump is not None,
+        fileroot=args.dump,
+        experiment_name="run" if args.dump is not None else None,
+        trial_name=f"seed{args.seed}" if args.dump is not None else None,
+    )
+    interrupted = False
     started = time.perf_counter()
     async with _build_engine(args) as engine:
         workflow = rlvr_workflow(
@@ -86,48 +145,60 @@ async def _run(args: argparse.Namespace) -> int:
             arithmetic_reward,
             GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
         )
-        group = GroupedRolloutWorkflow(
-            workflow, args.group_size, reward_normalization=args.reward_normalization, stats=stats
-        )
-        limiter = trio.CapacityLimiter(args.concurrency)
-        lines: list[str | None] = [None] * len(prompts)
-        with tqdm(total=len(prompts), unit="group", file=sys.stderr, dynamic_ncols=True) as bar:
+        summary.header()
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as work, trio.open_signal_receiver(signal.SIGINT) as sigint:
 
-            async def one(k: int, data: dict[str, Any]) -> None:
-                async with limiter:
-                    with workflow_context.use(workflow_context.WorkflowContext(task_id=k)):
-                        traj = await group.arun_episode(engine, data)
-                question = data["messages"][0]["content"]
-                if traj is None:
-                    lines[k] = f"{k:>3}  {question:<12} dropped"
-                else:
-                    assert isinstance(traj, Trajectory)  # the RLVR workflow returns tensor rows
-                    raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
-                    assert raw is not None
-                    shown = " ".join(f"{r:.1f}" for r in raw.tolist())
-                    lines[k] = f"{k:>3}  {question:<12} rewards [{shown}]  mean {raw.mean():.2f}"
-                bar.update(1)
+                async def stop_on_sigint() -> None:
+                    nonlocal interrupted
+                    async for _ in sigint:
+                        interrupted = True
+                        print("interrupted: stopping new work and aborting episodes in flight", file=sys.stderr, flush=True)
+                        work.cancel()
 
-            with trio.fail_after(args.timeout):
-                async with trio.open_nursery() as nursery:
-                    for k, data in enumerate(prompts):
-                        nursery.start_soon(one, k, data)
+                nursery.start_soon(stop_on_sigint)
+                if args.timeout is not None:
+                    work.deadline = trio.current_time() + args.timeout
+                async with open_executor(engine, config, tokenizer=engine.tokenizer, stats=stats) as ex:
+                    remaining = len(prompts)
+                    while remaining:
+                        n = min(batch_size, remaining)
+                        await ex.prepare_batch(
+                            prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
+                            callback=summary.on_outcome, group_size=args.group_size,
+                            reward_normalization=args.reward_normalization,
+                        )  # fmt: skip
+                        remaining -= n
+            nursery.cancel_scope.cancel()
+    if work.cancelled_caught and not interrupted:
+        print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)
     elapsed = time.perf_counter() - started
-    print(f"group  question     per-slot rewards (G={args.group_size})")
-    for line in lines:
-        print(line)
-    print(f"\ngroup statistics (mean over {len(prompts)} groups):")
+    c = summary.counts
+    print(f"\n{c['accepted']} groups kept, {c['dropped']} dropped, {c['failed']} failed"
+          f"{f', {len(prompts) - sum(c.values())} not finished' if sum(c.values()) < len(prompts) else ''}")  # fmt: skip
+    print(f"\ngroup statistics (mean over {sum(c.values())} groups):")
     for key, value in stats.export().items():
         print(f"  {key:<40} {value:.3f}")
-    print(f"\n{len(prompts) * args.group_size} episodes in {elapsed:.1f} s")
-    return 0
+    print(f"\n{summary.episodes} episodes in {elapsed:.1f} s")
+    if args.dump is not None:
+        print(f"trajectories dumped under {os.path.join(args.dump, 'run', f'seed{args.seed}')}")
+    return 130 if interrupted else 0
 
 
 def run_main(argv: list[str]) -> int:
     """Entry point of ``rollout-trio run``."""
     args = _parser().parse_args(argv)
-    for name in ("groups", "group_size", "concurrency", "max_new_tokens"):
+    for name in ("groups", "group_size", "concurrency", "max_new_tokens", "consumer_batch_size"):
+        if getattr(args, name) is None:
+            continue
         if getattr(args, name) < 1:
             print(f"rollout-trio run: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    if args.max_head_offpolicyness < 0:
+        print("rollout-trio run: --max-head-offpolicyness must be >= 0", file=sys.stderr)
+        return 2
+    for name in ("episode_timeout", "timeout"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            print(f"rollout-trio run: --{name.replace('_', '-')} must be > 0 seconds", file=sys.stderr)
             return 2
     return trio.run(_run, args)
