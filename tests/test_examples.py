@@ -57,3 +57,62 @@ def test_train_grpo_command_writes_the_curve(tmp_path: Path, capsys: pytest.Capt
     assert all(0.0 <= float(r["mean_reward"]) <= 1.0 for r in rows)
     assert (tmp_path / "reward_curve.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert "3 steps in" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- workflow examples
+
+
+async def test_workflow_function_packs_one_scored_row_per_episode(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example("workflow_function")
+    results = await example.main_async(6)
+    assert len(results) == 6
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6
+    for traj, line in zip(results, out):
+        if traj is None:
+            assert line.endswith("rejected")
+            continue
+        completion = traj.loss_mask[0].bool()
+        assert completion.any() and (traj.versions[0][~completion] == -1).all()
+        a, b = map(int, line.split(" = ")[0].split("+"))
+        answer = line.split("'")[1]
+        assert float(traj.rewards[0]) == example.check_answer(answer, a + b)
+
+
+async def test_areal_style_class_runs_and_is_grouped_with_normalized_rewards() -> None:
+    example = load_example("areal_style_class")
+    results = await example.main_async(2, 4)
+    assert len(results) == 2
+    for traj in results:
+        assert traj is not None and traj.batch_size == 4
+        raw, norm = traj.original_rewards, traj.rewards
+        assert set(raw.tolist()) <= {0.0, 1.0}
+        # Normalized within the group: centred, and a row is above 0 exactly when its raw reward is above the mean.
+        assert abs(float(norm.mean())) < 1e-5
+        assert ((norm > 0) == (raw > raw.mean())).all()
+
+
+async def test_grouped_grpo_batch_shows_normalization_rejection_and_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example("grouped_grpo_batch")
+    batch = await example.main_async(2, 4)
+    out = capsys.readouterr().out
+    assert batch.batch_size == 8
+    for group in (batch.rewards[:4], batch.rewards[4:]):
+        assert abs(float(group.mean())) < 1e-5
+    assert "slot 0 returned None: the group kept 3 of 4 rows" in out
+    assert "VerifierDown" in out and "raised in slot 1 of a group of 4" in out
+    # The siblings asked for 3000 tokens; they were cancelled long before, and nothing was left running.
+    spent = int(out.split("cancelled after ")[1].split(" tokens")[0])
+    assert spent < 3000
+    assert out.rstrip().endswith("requests left in the engine: 0")
+
+
+def test_remote_servers_runs_against_a_serve_subprocess_and_pushes_a_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = load_example("remote_servers")
+    assert example.main(["--groups", "1", "--group-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "servers: ['127.0.0.1:" in out
+    assert "version 0: group 0: 2 rows" in out and "token versions [0]" in out
+    assert "version 1: group 0: 2 rows" in out and "token versions [1]" in out
