@@ -6,7 +6,7 @@ import sys
 
 __all__ = ["main"]
 
-_USAGE = "usage: rollout-trio {run,serve} [options]   (rollout-trio COMMAND --help for details)"
+_USAGE = "usage: rollout-trio {run,serve,inspect,replay} [options]   (rollout-trio COMMAND --help for details)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,5 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         from ._serve import serve_main
 
         return serve_main(rest)
+    if command == "inspect":
+        from ._inspect import inspect_main
+
+        return inspect_main(rest)
+    if command == "replay":
+        from ._replay import replay_main
+
+        return replay_main(rest)
     print(f"rollout-trio: unknown command {command!r}\n{_USAGE}", file=sys.stderr)
     return 2
