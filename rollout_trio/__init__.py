@@ -45,6 +45,12 @@ from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._workflow import AgentWorkflow as AgentWorkflow
 from ._workflow import RolloutWorkflow as RolloutWorkflow
 from ._workflow import resolve_workflow as resolve_workflow
+from .agents import AgentRolloutWorkflow as AgentRolloutWorkflow
+from .agents import OpenAIEndpoint as OpenAIEndpoint
+from .rewards import RewardFunction as RewardFunction
+from .rewards import RewardTimeoutError as RewardTimeoutError
+from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
+from .workflows import RLVRWorkflow as RLVRWorkflow
 
 __version__ = "0.1.0"
 

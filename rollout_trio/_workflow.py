@@ -105,12 +105,14 @@ def _is_async_callable(obj: Any, name: str) -> bool:
     return inspect.iscoroutinefunction(getattr(obj, name, None))
 
 
-def _agent_unavailable(obj: Any) -> NotImplementedError:
-    return NotImplementedError(
-        f"{obj!r} is an agent-style workflow (it has async run(data, **kw)); the agent runtime "
-        "is not available yet in rollout_trio. Write the workflow as async def fn(engine, data) "
-        "or a class with async def arun_episode(engine, data)."
-    )
+def _agent_workflow(agent: Any, kwargs: Mapping[str, Any] | None, instance_note: str) -> RolloutWorkflow:
+    from .agents import AgentRolloutWorkflow  # agents build on this module, so import late
+
+    if inspect.isclass(agent):
+        agent = agent(**(kwargs or {}))
+    elif kwargs is not None:
+        logger.warning("workflow_kwargs is ignored when workflow %s", instance_note)
+    return AgentRolloutWorkflow(agent)
 
 
 def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = None) -> RolloutWorkflow:
@@ -125,7 +127,6 @@ def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = 
     Raises:
         ValueError: ``None``, a class without ``workflow_kwargs``, or an import string
             that fails to import.
-        NotImplementedError: an agent-style object (``async def run``): not available yet.
         TypeError: anything else.
     """
     return _resolve(workflow, workflow_kwargs, from_string=False)
@@ -159,7 +160,7 @@ def _resolve(workflow: Any, kwargs: Mapping[str, Any] | None, *, from_string: bo
     if inspect.iscoroutinefunction(workflow):
         return FunctionWorkflow(workflow, **(kwargs or {}))
     if _is_async_callable(workflow, "run"):
-        raise _agent_unavailable(workflow)
+        return _agent_workflow(workflow, kwargs, instance_note)
     raise TypeError(
         "workflow must be an async function (engine, data), a RolloutWorkflow instance or "
         "class, an object with async arun_episode(engine, data), or an import string; "

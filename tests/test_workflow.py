@@ -93,10 +93,27 @@ def test_bad_import_strings(module, path, match):
     assert match in str(info.value)
 
 
-def test_agents_are_not_available_yet(module):
-    for agent in (Agent(), Agent, "rt_test_workflows.Agent"):
-        with pytest.raises(NotImplementedError, match="agent runtime is not available yet"):
-            resolve_workflow(agent)
+class ConfiguredAgent:
+    def __init__(self, tag="default"):
+        self.tag = tag
+
+    async def run(self, data, **kw):
+        return 1.0
+
+
+def test_agents_resolve_to_the_agent_wrapper(module, caplog):
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    instance = Agent()
+    wf = resolve_workflow(instance)
+    assert isinstance(wf, AgentRolloutWorkflow) and wf.agent is instance
+    assert (wf.mode, wf.discount, wf.export_style) == ("inline", 1.0, "individual")
+    assert isinstance(resolve_workflow(Agent).agent, Agent)  # a class: instantiated, kwargs optional
+    assert resolve_workflow(ConfiguredAgent, {"tag": "t"}).agent.tag == "t"
+    assert isinstance(resolve_workflow("rt_test_workflows.Agent").agent, Agent)
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.workflow"):
+        assert resolve_workflow(instance, {"tag": "ignored"}).agent is instance
+    assert "workflow_kwargs is ignored when workflow is already an instance" in caplog.text
 
 
 def test_none_and_other_objects():

@@ -1,0 +1,301 @@
+"""The typed body of ``POST /v1/chat/completions`` and OpenAI-style error bodies.
+
+Bodies are structured with cattrs into frozen attrs classes; anything that does not fit
+becomes an :class:`APIError` naming the field path and the rule (an HTTP 4xx with the
+``{"error": {"message", "type", "param", "code"}}`` body OpenAI clients understand).
+Unknown keys are ignored, as OpenAI-compatible servers do (clients send ``user``,
+``stream_options``, ``seed`` ...).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+__all__ = ["APIError", "ChatCompletionRequest", "ChatMessage", "FunctionCall", "Tool", "ToolCall", "parse_request"]
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+
+
+class APIError(Exception):
+    """An error the endpoint answers with an OpenAI-shaped body and a 4xx/5xx status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = "invalid_request_error",  # noqa: A002 - the wire name
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@attrs.frozen
+class FunctionCall:
+    """``{"name": ..., "arguments": "<json text>"}``."""
+
+    name: str
+    arguments: str = "{}"
+
+
+@attrs.frozen
+class ToolCall:
+    """A tool call inside an assistant message."""
+
+    function: FunctionCall
+    id: str = ""
+    type: Literal["function"] = "function"
+
+
+@attrs.frozen
+class ChatMessage:
+    """One message; ``content`` is flattened to text (text parts joined)."""
+
+    role: Role
+    content: str | None = None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as chat templates expect it (``arguments`` parsed back to a dict)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content if self.content is not None else ""}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def as_openai_dict(self) -> dict[str, Any]:
+        """The message in OpenAI's wire form (what an interaction records)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _json_or_text(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@attrs.frozen
+class ToolFunction:
+    """A function a tool exposes (``parameters`` is a JSON schema, passed through)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class Tool:
+    """``{"type": "function", "function": {...}}``."""
+
+    function: ToolFunction
+    type: Literal["function"] = "function"
+
+    def as_dict(self) -> dict[str, Any]:
+        fn: dict[str, Any] = {"name": self.function.name}
+        if self.function.description is not None:
+            fn["description"] = self.function.description
+        if self.function.parameters is not None:
+            fn["parameters"] = self.function.parameters
+        return {"type": "function", "function": fn}
+
+
+@attrs.frozen
+class ChatCompletionRequest:
+    """The fields of a chat completion request the endpoint honours."""
+
+    messages: tuple[ChatMessage, ...]
+    model: str | None = None
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    stream: bool = False
+
+
+def _content(value: Any, _: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content[{i}]: only text parts {{'type': 'text', 'text': str}} are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"must be a string, a list of text parts or null, got {type(value).__name__}")
+
+
+def _stop(value: Any, _: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value) and len(value) <= 4:
+        return tuple(s for s in value if s)
+    raise ValueError("must be a string or a list of at most 4 strings")
+
+
+def _strict(kind: type, what: str) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            raise ValueError(f"must be {what}, got {value!r}")
+        return kind(value) if kind is float else value
+
+    return hook
+
+
+def _make_converter() -> cattrs.Converter:
+    c = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
+    # JSON values are taken as they are: no silent coercion of "1" to 1 or 1.5 to 1.
+    c.register_structure_hook(str, _strict(str, "a string"))
+    c.register_structure_hook(int, _strict(int, "an integer"))
+    c.register_structure_hook(float, _strict(float, "a number"))
+    c.register_structure_hook(bool, _strict(bool, "a boolean"))
+    c.register_structure_hook(str | None, lambda v, _: None if v is None else _strict(str, "a string")(v, None))
+    c.register_structure_hook(int | None, lambda v, _: None if v is None else _strict(int, "an integer")(v, None))
+    c.register_structure_hook(float | None, lambda v, _: None if v is None else _strict(float, "a number")(v, None))
+    c.register_structure_hook(dict[str, Any] | None, lambda v, _: None if v is None else _strict(dict, "an object")(v, None))
+    c.register_structure_hook(str | dict[str, Any] | None, lambda v, _: v if v is None or isinstance(v, (str, dict)) else _strict(str, "a string or an object")(v, None))
+
+    def role(value: Any, _: Any) -> str:
+        if value not in ROLES:
+            raise ValueError(f"must be one of {', '.join(ROLES)}, got {value!r}")
+        return str(value)
+
+    c.register_structure_hook_func(lambda t: t == Role, role)
+    c.register_structure_hook_func(
+        lambda t: t == Literal["function"], lambda v, _: v if v == "function" else _raise(f"must be 'function', got {v!r}")
+    )
+    for cls in (FunctionCall, ToolCall, ToolFunction, Tool):
+        c.register_structure_hook(cls, cattrs.gen.make_dict_structure_fn(cls, c))
+    msg_fn = cattrs.gen.make_dict_structure_fn(ChatMessage, c, content=cattrs.gen.override(struct_hook=_content))
+    c.register_structure_hook(ChatMessage, msg_fn)
+    req_fn = cattrs.gen.make_dict_structure_fn(ChatCompletionRequest, c, stop=cattrs.gen.override(struct_hook=_stop))
+    c.register_structure_hook(ChatCompletionRequest, req_fn)
+    return c
+
+
+def _raise(message: str) -> Any:
+    raise ValueError(message)
+
+
+_converter = _make_converter()
+
+
+def _first_error(exc: BaseException, path: str) -> tuple[str, str]:
+    """The field path and message of the first leaf error of a cattrs validation error."""
+    if isinstance(exc, (ClassValidationError, IterableValidationError)):
+        with_notes, _ = exc.group_exceptions()
+        if with_notes:
+            sub, note = with_notes[0]
+            name = getattr(note, "name", None)
+            index = getattr(note, "index", None)
+            child = f"{path}.{name}" if name is not None else f"{path}[{index}]"
+            return _first_error(sub, child)
+        return _first_error(exc.exceptions[0], path)
+    if isinstance(exc, KeyError):
+        return path, "is required"
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return path, str(exc)
+    return path, str(exc)
+
+
+def _check(req: ChatCompletionRequest, max_tokens_limit: int) -> None:
+    if not req.messages:
+        raise APIError(400, "messages: must hold at least one message", param="messages")
+    if req.n != 1:
+        raise APIError(400, f"n: only n=1 is supported, got {req.n}; send n requests instead", param="n")
+    if req.stream:
+        raise APIError(400, "stream: streaming is not supported; send stream=false", param="stream")
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise APIError(400, f"temperature: must be between 0 and 2, got {req.temperature}", param="temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise APIError(400, f"top_p: must be in (0, 1], got {req.top_p}", param="top_p")
+    if req.top_logprobs not in (None, 0):
+        raise APIError(400, f"top_logprobs: only 0 is supported, got {req.top_logprobs}", param="top_logprobs")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, name)
+        if value is not None and not 1 <= value <= max_tokens_limit:
+            raise APIError(400, f"{name}: must be between 1 and {max_tokens_limit}, got {value}", param=name)
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise APIError(
+                400, f"messages[{i}].content: required (null only for an assistant message with tool_calls)", param=f"messages[{i}].content"
+            )
+        if m.tool_calls and m.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+
+
+def parse_request(body: Any, *, max_tokens_limit: int) -> ChatCompletionRequest:
+    """Structure and check a decoded JSON body.
+
+    Raises:
+        APIError: 400 naming the first field that breaks a rule.
+    """
+    if not isinstance(body, dict):
+        raise APIError(400, f"body: must be a JSON object, got {type(body).__name__}")
+    if "messages" not in body:
+        raise APIError(400, "messages: is required", param="messages")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise APIError(400, f"messages: must be a list of message objects, got {type(messages).__name__}", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise APIError(400, f"messages[{i}]: must be an object, got {type(m).__name__}", param=f"messages[{i}]")
+    try:
+        req = _converter.structure(body, ChatCompletionRequest)
+    except (ClassValidationError, IterableValidationError) as exc:
+        path, message = _first_error(exc, "")
+        path = path.lstrip(".")
+        raise APIError(400, f"{path}: {message}", param=path) from None
+    _check(req, max_tokens_limit)
+    return req

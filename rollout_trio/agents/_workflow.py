@@ -1,0 +1,191 @@
+"""``AgentRolloutWorkflow``: runs an agent (any object with ``async def run(data, **kw)``).
+
+The agent talks to the engine through an :class:`OpenAIEndpoint` with any OpenAI
+client; every completion becomes an :class:`~rollout_trio.Interaction`, and the
+agent's return value becomes their rewards (spec §8).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+import trio
+
+from .. import workflow_context
+from .._config import GenerationConfig
+from .._errors import RolloutError
+from .._interaction import Interaction
+from .._workflow import RolloutWorkflow
+from ._endpoint import OpenAIEndpoint
+from ._server import serve_app
+from ._session import EXPORT_STYLES, AgentSession, ExportStyle, assign_rewards
+
+if TYPE_CHECKING:
+    from ..engines import InferenceEngine
+
+__all__ = ["AgentProcessError", "AgentRolloutWorkflow"]
+
+logger = logging.getLogger("rollout_trio.agents")
+
+Mode = Literal["inline", "subproc"]
+MODES: tuple[str, ...] = ("inline", "subproc")
+_IN_PROCESS_URL = "http://rollout-trio.agent/v1"
+_SUBPROC_MAIN = str(Path(__file__).with_name("_subproc_main.py"))
+
+
+class AgentProcessError(RolloutError):
+    """A subprocess agent died or failed in a way that left no Python exception to re-raise."""
+
+
+class AgentRolloutWorkflow(RolloutWorkflow):
+    """Wraps an agent so the executor and groups can run it like any workflow.
+
+    Args:
+        agent: an object with ``async def run(data, **kwargs)``. In ``"inline"`` mode it
+            is called as ``run(data, base_url=..., http_client=..., api_key=...)``: hand the
+            three to ``openai.AsyncOpenAI(base_url=..., api_key=..., http_client=...)``.
+            In ``"subproc"`` mode ``run(data)`` runs in a child process with its own
+            event loop and finds the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
+        mode: ``"inline"`` (same Trio run, no socket) or ``"subproc"``.
+        tokenizer: the engine's tokenizer; defaults to ``engine.tokenizer``.
+        gconfig: base sampling settings of the endpoint.
+        discount: each completion's reward becomes its own plus ``discount`` times the
+            next one's (newest to oldest, over the episode's completions).
+        export_style: ``"individual"`` (every completion is a row) or ``"concat"``
+            (only the last completion of each conversation, carrying its history).
+        subproc_max_workers: how many subprocess agents may run at once.
+        subproc_backend: the child's event loop (``"trio"`` or ``"asyncio"``, via anyio).
+        endpoint_kwargs: passed to :class:`OpenAIEndpoint`.
+
+    The episode's result is ``{completion_id: Interaction}``, or None when the agent
+    made no completion. An exception in the agent rejects the episode; cancelling the
+    episode cancels the agent and aborts its in-flight generations.
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        *,
+        mode: Mode = "inline",
+        tokenizer: Any = None,
+        gconfig: GenerationConfig | None = None,
+        discount: float = 1.0,
+        export_style: ExportStyle = "individual",
+        subproc_max_workers: int = 4,
+        subproc_backend: Literal["trio", "asyncio"] = "trio",
+        **endpoint_kwargs: Any,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Invalid mode: {mode!r}. Must be 'inline' or 'subproc'")
+        if agent is None:
+            raise ValueError("agent is required when mode is 'inline' or 'subproc'")
+        run = getattr(agent, "run", None)
+        if not callable(run):
+            raise TypeError(
+                f"Agent must have a callable 'run' method. Got agent of type {type(agent).__name__} "
+                "without a callable 'run' attribute."
+            )
+        if not inspect.iscoroutinefunction(run):
+            raise TypeError(
+                f"Agent's 'run' method must be an async function. Got {type(agent).__name__}.run "
+                "which is not a coroutine function."
+            )
+        if export_style not in EXPORT_STYLES:
+            raise ValueError(f"export_style: must be one of {EXPORT_STYLES}, got {export_style!r}")
+        if not 0 < discount <= 1:
+            raise ValueError(f"discount: must be in (0, 1], got {discount!r}")
+        if subproc_max_workers < 1:
+            raise ValueError(f"subproc_max_workers: must be >= 1, got {subproc_max_workers}")
+        if subproc_backend not in ("trio", "asyncio"):
+            raise ValueError(f"subproc_backend: must be 'trio' or 'asyncio', got {subproc_backend!r}")
+        self.agent = agent
+        self.mode = mode
+        self.tokenizer = tokenizer
+        self.gconfig = gconfig
+        self.discount = float(discount)
+        self.export_style = export_style
+        self.subproc_backend = subproc_backend
+        self._subproc_limiter = trio.CapacityLimiter(subproc_max_workers)
+        self._endpoint_kwargs = endpoint_kwargs
+        self._endpoints: weakref.WeakKeyDictionary[Any, OpenAIEndpoint] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"AgentRolloutWorkflow({self.agent!r}, mode={self.mode!r}, export_style={self.export_style!r})"
+
+    def endpoint(self, engine: InferenceEngine) -> OpenAIEndpoint:
+        """The endpoint serving ``engine`` (one per engine, built on first use)."""
+        ep = self._endpoints.get(engine)
+        if ep is None:
+            ep = OpenAIEndpoint(engine, self.tokenizer, gconfig=self.gconfig, **self._endpoint_kwargs)
+            self._endpoints[engine] = ep
+        return ep
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> dict[str, Interaction] | None:
+        endpoint = self.endpoint(engine)
+        ctx = workflow_context.get()
+        label = str(ctx.task_id) if ctx.sample_idx is None else f"{ctx.task_id}:{ctx.sample_idx}"
+        template_type: Literal["hf", "concat"] = "concat" if self.export_style == "concat" else "hf"
+        with endpoint.session(chat_template_type=template_type, label=label) as session:
+            try:
+                if self.mode == "inline":
+                    rewards = await self._run_inline(endpoint, session, data)
+                else:
+                    rewards = await self._run_subproc(endpoint, session, data)
+            except Exception as exc:
+                logger.warning("Agent task failed (%s: %s). This trajectory will be rejected.", type(exc).__name__, exc)
+                raise
+        if not session.interactions:
+            logger.warning("%r: the agent made no chat completion; the episode is rejected", session)
+            return None
+        assign_rewards(session, rewards)
+        session.apply_discount(self.discount)
+        result = session.export(self.export_style)
+        if not result:
+            return None
+        # The episode's outcome is its last completion's reward: the reference group
+        # normalization uses for the whole logical rollout (its rows differ once discounted).
+        outcome = float(next(reversed(result.values())).reward or 0.0)
+        for inter in result.values():
+            inter.rollout_reward = outcome
+        workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": outcome})
+        return result
+
+    async def _run_inline(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
+        transport = httpx.ASGITransport(app=endpoint.app)
+        async with httpx.AsyncClient(transport=transport, base_url=_IN_PROCESS_URL, timeout=None) as client:
+            return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
+
+    async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
+        payload = pickle.dumps(list(sys.path)) + pickle.dumps((self.agent, data, self.subproc_backend))
+        async with self._subproc_limiter, trio.open_nursery() as nursery:
+            base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
+            env = {**os.environ, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key}
+            # Cancelling run_process kills the child (its in-flight requests then disconnect).
+            done = await trio.run_process(
+                [sys.executable, _SUBPROC_MAIN], stdin=payload, capture_stdout=True, stderr=None, env=env, check=False
+            )
+            nursery.cancel_scope.cancel()
+        return _subproc_result(done)
+
+
+def _subproc_result(done: subprocess.CompletedProcess[bytes]) -> Any:
+    try:
+        status, value = pickle.loads(done.stdout)
+    except Exception:
+        raise AgentProcessError(f"the agent process exited with status {done.returncode} without a result") from None
+    if status == "ok":
+        return value
+    exc, text = value
+    if isinstance(exc, BaseException):
+        exc.add_note(f"raised in the agent process:\n{text}")
+        raise exc
+    raise AgentProcessError(f"the agent process failed:\n{text}")

@@ -1,0 +1,19 @@
+"""Reward functions that cannot stall or hang the rollout.
+
+:class:`RewardFunction` runs a (synchronous) verifier in a thread by default, or in a
+pool of worker processes that are killed when they run past the timeout::
+
+    async with RewardFunction(verify, timeout=5, isolation="process") as reward:
+        r = await reward(prompt, completion, prompt_ids, completion_ids, **data)
+"""
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._errors import RewardError as RewardError
+from ._errors import RewardTimeoutError as RewardTimeoutError
+from ._errors import RewardWorkerError as RewardWorkerError
+from ._function import RewardFunction as RewardFunction
+
+__all__ = ["RewardError", "RewardFunction", "RewardTimeoutError", "RewardWorkerError"]
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

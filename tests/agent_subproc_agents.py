@@ -1,0 +1,36 @@
+"""Agents for the subprocess-mode tests (importable by the child process by module path)."""
+
+import os
+
+import openai
+
+
+class EnvAgent:
+    """Finds the endpoint in OPENAI_BASE_URL / OPENAI_API_KEY, as any OpenAI program does."""
+
+    async def run(self, data):
+        client = openai.AsyncOpenAI(max_retries=0)
+        reply = await client.chat.completions.create(model="any", messages=data["messages"])
+        await client.close()
+        return 0.5 + len(reply.choices[0].message.content)
+
+
+class FailingAgent:
+    async def run(self, data):
+        raise LookupError(f"no answer for {data['messages'][0]['content']}")
+
+
+class HangingAgent:
+    """Writes its pid, then waits on a completion the engine never finishes."""
+
+    async def run(self, data):
+        with open(data["pid_file"], "w") as f:
+            f.write(str(os.getpid()))
+        client = openai.AsyncOpenAI(max_retries=0, timeout=600)
+        await client.chat.completions.create(model="any", messages=data["messages"])
+        return 1.0
+
+
+class ExitingAgent:
+    async def run(self, data):
+        os._exit(3)
