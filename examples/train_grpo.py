@@ -1,27 +1,31 @@
-"""A Trio-native GRPO training loop: the tiny model learns toy addition on CPU in a few minutes.
+"""A Trio-native GRPO training loop: the tiny model learns toy addition on CPU in under a minute.
 
 What it shows:
 
-* generation and training run at the same time: rollout groups are produced in a
-  nursery while the trainer computes the GRPO loss and steps its optimizer in a
-  worker thread;
+* generation and training run at the same time: the executor
+  (:func:`~rollout_trio.open_executor`, ``prepare_batch``) keeps rollout groups running
+  while the trainer computes the GRPO loss and steps its optimizer in a worker thread;
 * the trainer owns a *training copy* of the model and pushes its weights into the
   serving :class:`~rollout_trio.engines.LocalEngine` after every step with
   ``await engine.update_weights(state_dict, version)``; generation pauses only for the
   copy;
 * every completion token carries the weight version that generated it (the batch's
   ``versions``), and no trajectory in a batch is more than ``--max-head-offpolicyness``
-  versions older than the trainer (the staleness bound, checked on every batch);
+  versions older than the trainer (the executor's staleness bound, checked here on
+  every batch);
 * the GRPO loss uses the behaviour ``logprobs``, the ``loss_mask`` and rewards
   normalized within each group at rollout time (``reward_normalization=True``).
 
 The task: "What is a+b?" with single-digit answers, rewarded 1 - |error| / 10 (partial
 credit). The untrained model guesses digits uniformly and sometimes rambles on to a
-second digit (reward 0); training raises the mean reward measurably.
+second digit (reward 0); training raises the mean reward from about 0.5 to about 0.8
+within 60 steps. That is close to what the best single guess earns (always "7": 0.82):
+the model learns to stop after one digit and to favour the likely sums; reading both
+operands through attention would take this tiny model much longer.
 
-Run it (about two minutes on two CPU cores)::
+Run it (under a minute on two CPU cores, most of it start-up and evaluation)::
 
-    python examples/train_grpo.py --steps 40 --out-dir /tmp/grpo
+    python examples/train_grpo.py --steps 60 --seed 0 --out-dir /tmp/grpo
 
 It prints one line per step and writes ``reward_curve.csv`` and ``reward_curve.png`` in
 ``--out-dir``. ``--device cuda`` runs the same loop on a GPU.
@@ -32,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import math
 import random
 import re
 import sys
@@ -45,7 +48,7 @@ import attrs
 import torch
 import trio
 
-from rollout_trio import GenerationConfig, Trajectory, concat_trajectories, run_group
+from rollout_trio import GenerationConfig, RolloutConfig, Trajectory, concat_trajectories, open_executor
 from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
 from rollout_trio.workflows import rlvr_workflow
@@ -128,72 +131,6 @@ class Trainer:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 
-# ----------------------------------------------------------------------------- the data feed
-
-
-class GroupFeed:
-    """Runs GRPO groups on the engine and hands them to the trainer within a staleness bound.
-
-    A group may start only while ``started < (version + 1 + max_head_offpolicyness) *
-    groups_per_batch``: every group in the batch trained at ``version`` was then started
-    at weights no older than ``version - max_head_offpolicyness`` (AReaL's capacity rule).
-    """
-
-    def __init__(
-        self,
-        engine: LocalEngine,
-        workflow: Any,
-        prompts: Sequence[Mapping[str, Any]],
-        *,
-        group_size: int,
-        groups_per_batch: int,
-        max_head_offpolicyness: int,
-        concurrency: int,
-    ) -> None:
-        self.engine = engine
-        self.workflow = workflow
-        self.prompts = prompts
-        self.group_size = group_size
-        self.groups_per_batch = groups_per_batch
-        self.max_head_offpolicyness = max_head_offpolicyness
-        self.concurrency = concurrency
-        self.started = 0
-        self.capacity_changed = trio.Event()
-        self.send, self.receive = trio.open_memory_channel[Trajectory | None](math.inf)
-
-    def _capacity(self) -> int:
-        return (self.engine.get_version() + 1 + self.max_head_offpolicyness) * self.groups_per_batch
-
-    def version_changed(self) -> None:
-        """Tell the feed the trainer pushed new weights (more groups may start)."""
-        self.capacity_changed.set()
-        self.capacity_changed = trio.Event()
-
-    async def run(self) -> None:
-        """Feed groups until cancelled."""
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.concurrency):
-                nursery.start_soon(self._worker)
-
-    async def _worker(self) -> None:
-        while True:
-            while self.started >= self._capacity():
-                await self.capacity_changed.wait()
-            data = self.prompts[self.started % len(self.prompts)]
-            self.started += 1
-            traj = await run_group(self.workflow, self.engine, data, self.group_size, reward_normalization=True)
-            await self.send.send(traj)  # None: the group was dropped (fewer than two usable slots)
-
-    async def next_batch(self) -> Trajectory:
-        """The next ``groups_per_batch`` groups, joined into one right-padded batch."""
-        groups: list[Trajectory] = []
-        while len(groups) < self.groups_per_batch:
-            traj = await self.receive.receive()
-            if traj is not None:
-                groups.append(traj)
-        return concat_trajectories(groups)
-
-
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -267,28 +204,31 @@ async def train(
     async with LocalEngine(model, tokenizer, seed=seed) as engine:
         before = await mean_reward(engine, held_out, eval_samples, seed=seed)
         log(f"untrained: mean reward {before:.3f} on {eval_prompts} held-out prompts x {eval_samples} samples")
-        feed = GroupFeed(
-            engine,
-            workflow,
-            train_prompts,
-            group_size=group_size,
-            groups_per_batch=groups_per_batch,
+        # The executor keeps up to 2 batches of groups in flight and holds back new ones so
+        # that no group in a batch started more than max_head_offpolicyness versions ago.
+        config = RolloutConfig(
+            consumer_batch_size=groups_per_batch,
+            max_concurrent_rollouts=2 * groups_per_batch,
             max_head_offpolicyness=max_head_offpolicyness,
-            concurrency=2 * groups_per_batch,
         )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(feed.run)
+        async with open_executor(engine, config) as executor:
             for step in range(steps):
-                batch = await feed.next_batch()
+                groups = await executor.prepare_batch(
+                    train_prompts, workflow, batch_size=groups_per_batch, group_size=group_size, reward_normalization=True
+                )
+                batch = concat_trajectories(groups)
                 version = engine.get_version()
                 assert batch.versions is not None and batch.loss_mask is not None and batch.original_rewards is not None
                 token_versions = batch.versions[batch.loss_mask.bool()]
                 lo, hi = int(token_versions.min()), int(token_versions.max())
                 if lo < version - max_head_offpolicyness:
                     raise AssertionError(f"staleness bound broken: token version {lo} at trainer version {version}")
+                # The step runs in a thread: generation of the next batch goes on meanwhile.
                 info = await trio.to_thread.run_sync(trainer.step, batch)
+                # Pauses generation at a step boundary, copies the weights, resumes; the
+                # executor sees the new version and lets the next groups start.
                 await engine.update_weights(trainer.state_dict(), version + 1)
-                feed.version_changed()
+                executor.set_version(version + 1)
                 rec = StepRecord(
                     step=step,
                     version=version,
@@ -306,7 +246,6 @@ async def train(
                     f"mean reward {rec.mean_reward:.3f}  loss {rec.loss:+.4f}  clip {rec.clip_frac:.2f}  "
                     f"{rec.seconds:6.1f} s"
                 )
-            nursery.cancel_scope.cancel()
         after = await mean_reward(engine, held_out, eval_samples, seed=seed)
         log(f"trained:   mean reward {after:.3f} on the same prompts and draws (untrained {before:.3f})")
     return TrainResult(records, before, after, time.perf_counter() - started)
