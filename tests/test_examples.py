@@ -119,3 +119,55 @@ def test_remote_servers_runs_against_a_serve_subprocess_and_pushes_a_version(
     assert "servers: ['127.0.0.1:" in out
     assert "version 0: group 0: 2 rows" in out and "token versions [0]" in out
     assert "version 1: group 0: 2 rows" in out and "token versions [1]" in out
+
+
+# ----------------------------------------------------------------------------- executor and agent examples
+
+
+def test_sync_trainer_trains_in_a_plain_loop_within_the_staleness_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    example = load_example("sync_trainer")
+    assert example.main(["--steps", "3", "--groups-per-batch", "2", "--group-size", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 3
+    for k, line in enumerate(steps):
+        assert f"4 rows at version {k}," in line  # update_weights advanced the version every step
+        lo, hi = (int(v) for v in line.split("token versions ")[1].split(",")[0].split(".."))
+        assert k - 1 <= lo <= hi <= k
+    assert lines[-1].startswith("executor: 6 groups accepted")
+
+
+async def test_multi_turn_rows_train_every_attempt_and_discount_late_success(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = load_example("multi_turn")
+    results = await example.main_async(2, 3, 3)
+    tokenizer = example.tiny_model()[1]
+    for answer, traj in zip((2, 4), results):  # "What is k+k?" for k = 1, 2
+        assert traj is not None and traj.batch_size == 3
+        for row in range(3):
+            tries = example.attempts(traj, row, tokenizer)
+            assert 1 <= len(tries) <= 3
+            assert all(t != str(answer) for t in tries[:-1])  # it stops at the first right answer
+            reward = float(traj.rewards[row])
+            if tries[-1] == str(answer):  # success at attempt k earns 0.9 ** (k - 1)
+                assert reward == pytest.approx(0.9 ** (len(tries) - 1))
+            else:
+                assert reward == 0.0 and len(tries) == 3
+            mask = traj.loss_mask[row].bool()
+            assert (traj.versions[row][~mask] == -1).all() and (traj.versions[row][mask] == 0).all()
+    assert "attempts" in capsys.readouterr().out
+
+
+async def test_openai_agent_records_every_completion_with_discounted_rewards() -> None:
+    example = load_example("openai_agent")
+    results = await example.main_async(1, 4)
+    interactions = results[0]
+    assert interactions is not None and len(interactions) == 8  # two completions per conversation
+    by_rollout: dict[int, list[float]] = {}
+    for inter in interactions.values():
+        assert inter.model_response is not None and inter.model_response.output_len > 0
+        by_rollout.setdefault(inter.rollout_index, []).append(inter.reward)
+    assert sorted(by_rollout) == [0, 1, 2, 3]
+    for first, last in by_rollout.values():
+        assert last in (0.0, 1.0) and first == pytest.approx(0.9 * last)  # the first answer is never scored itself
