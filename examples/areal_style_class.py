@@ -82,7 +82,7 @@ async def main_async(groups: int, group_size: int) -> list[Any]:
     gconfig = GenerationHyperparameters(max_new_tokens=4, temperature=1.0).with_stop_and_pad_token_ids(tokenizer)
     workflow = RLVRWorkflow(exact_match_reward, gconfig, tokenizer)
     grouped = GroupedRolloutWorkflow(workflow, group_size, reward_normalization=True)
-    data = [
+    data: list[dict[str, Any]] = [
         {"messages": [{"role": "user", "content": f"What is {k}+{k + 1}?"}], "answer": 2 * k + 1} for k in range(groups)
     ]
     results: list[Any] = [None] * groups

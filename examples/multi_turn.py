@@ -42,7 +42,7 @@ def attempts(traj: Trajectory, row: int, tokenizer: Any) -> list[str]:
     return texts
 
 
-async def main_async(groups: int, group_size: int, max_turns: int) -> list[Trajectory | None]:
+async def main_async(groups: int, group_size: int, max_turns: int) -> list[Any]:
     model, tokenizer = tiny_model(seed=0)
     workflow = MultiTurnWorkflow(
         RewardFunction(exact, timeout=5),
@@ -51,8 +51,10 @@ async def main_async(groups: int, group_size: int, max_turns: int) -> list[Traje
         max_turns=max_turns,
         turn_discount=0.9,
     )
-    data = [{"messages": [{"role": "user", "content": f"What is {k}+{k}?"}], "answer": 2 * k} for k in range(1, groups + 1)]
-    results: list[Trajectory | None] = [None] * groups
+    data: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": f"What is {k}+{k}?"}], "answer": 2 * k} for k in range(1, groups + 1)
+    ]
+    results: list[Any] = [None] * groups
     async with LocalEngine(model, tokenizer, seed=0) as engine:
 
         async def one(k: int) -> None:

@@ -42,11 +42,13 @@ class SelfCheckingAgent:
         return 1.0 if answer.strip() == str(data["answer"]) else 0.0
 
 
-async def main_async(groups: int, group_size: int) -> list[dict[str, Interaction] | None]:
+async def main_async(groups: int, group_size: int) -> list[Any]:
     model, tokenizer = tiny_model(seed=0)
     agent = AgentRolloutWorkflow(SelfCheckingAgent(), discount=0.9)
-    data = [{"messages": [{"role": "user", "content": f"What is {k}+3?"}], "answer": k + 3} for k in range(groups)]
-    results: list[dict[str, Interaction] | None] = [None] * groups
+    data: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": f"What is {k}+3?"}], "answer": k + 3} for k in range(groups)
+    ]
+    results: list[Any] = [None] * groups
     async with LocalEngine(model, tokenizer, seed=0) as engine:
 
         async def one(k: int) -> None:

@@ -62,10 +62,10 @@ async def local_server(*, startup_timeout: float = 120.0) -> AsyncIterator[str]:
             nursery.cancel_scope.cancel()
 
 
-async def rollouts(engine: RemoteEngine, tokenizer: Any, groups: int, group_size: int) -> list[Trajectory | None]:
+async def rollouts(engine: RemoteEngine, tokenizer: Any, groups: int, group_size: int) -> list[Any]:
     workflow = rlvr_workflow(tokenizer, exact_answer, GenerationConfig(max_new_tokens=4, temperature=1.0))
     data = [{"messages": [{"role": "user", "content": f"What is {k}+2?"}], "answer": k + 2} for k in range(groups)]
-    results: list[Trajectory | None] = [None] * groups
+    results: list[Any] = [None] * groups
 
     async def one(k: int) -> None:
         results[k] = await run_group(workflow, engine, data[k], group_size)

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     policy = copy.deepcopy(model).train()  # the trainer's copy; the engine serves `model`
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     workflow = rlvr_workflow(tokenizer, exact_answer, GenerationConfig(max_new_tokens=3, temperature=1.0))
-    prompts = [{"messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": a + b} for a in range(5) for b in range(5)]
+    prompts = [
+        {"messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": a + b} for a in range(5) for b in range(5)
+    ]
     config = RolloutConfig(consumer_batch_size=args.groups_per_batch, max_head_offpolicyness=1)
 
     with SyncRolloutExecutor(LocalEngine(model, tokenizer, seed=0), config) as executor:
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 prompts, workflow, batch_size=args.groups_per_batch, group_size=args.group_size, reward_normalization=True
             )
             batch = concat_trajectories(groups)
+            assert batch.versions is not None and batch.loss_mask is not None and batch.original_rewards is not None
             versions = batch.versions[batch.loss_mask.bool()]
             loss = policy_gradient_step(policy, optimizer, batch)
             executor.update_weights({k: v.detach().clone() for k, v in policy.state_dict().items()}, version + 1)
