@@ -90,6 +90,16 @@ async def test_tool_calls_are_parsed_and_tool_turns_are_templated():
     assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>" in prompt
 
 
+async def test_tool_choice_none_offers_no_tools():
+    call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    engine = texts_engine([call])
+    ep = OpenAIEndpoint(engine)
+    with ep.session() as s:
+        body = (await post(ep, s.key, {"messages": USER, "tools": TOOLS, "tool_choice": "none"})).json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": call}
+    assert "# Tools" not in TOKENIZER.decode(engine.requests[0].input_ids)
+
+
 @pytest.mark.parametrize(
     "text",
     ['<tool_call>{"name": "add", "arguments": {broken</tool_call>', "<tool_call>[1, 2]</tool_call>", '<tool_call>{"arguments": {}}</tool_call>'],
@@ -186,6 +196,33 @@ async def test_bad_requests_get_openai_style_4xx(body, status, field):
     assert engine.requests == [] and s.interactions == {}
 
 
+def asgi_scope(key, path="/v1/chat/completions"):
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {key}".encode())], "server": ("agent", 80), "client": None,
+        "root_path": "",
+    }
+
+
+async def test_a_body_that_never_finishes_is_a_408(autojump_clock):
+    ep = OpenAIEndpoint(texts_engine([]), body_timeout=5)
+    sent = []
+
+    async def receive():
+        if not sent and not getattr(receive, "started", False):
+            receive.started = True
+            return {"type": "http.request", "body": b'{"messages": ', "more_body": True}
+        await trio.sleep_forever()
+
+    async def send(message):
+        sent.append(message)
+
+    with ep.session() as s:
+        await ep.app(asgi_scope(s.key), receive, send)
+    assert sent[0]["status"] == 408 and trio.current_time() == pytest.approx(5)
+
+
 async def test_body_size_limit_is_413():
     ep = OpenAIEndpoint(texts_engine([]), max_body_bytes=1000)
     with ep.session() as s:
@@ -203,13 +240,7 @@ async def test_body_size_limit_is_413():
         async def send(message):
             sent.append(message)
 
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
-            "headers": [(b"authorization", f"Bearer {s.key}".encode())], "server": ("agent", 80), "client": None,
-            "root_path": "",
-        }
-        await ep.app(scope, receive, send)
+        await ep.app(asgi_scope(s.key), receive, send)
         assert sent[0]["status"] == 413 and received == 11
 
 
@@ -256,3 +287,14 @@ def test_constructor_errors_name_the_field():
         OpenAIEndpoint(ScriptedEngine())
     with pytest.raises(ValueError, match="default_max_tokens"):
         OpenAIEndpoint(texts_engine([]), default_max_tokens=0)
+
+
+@pytest.mark.parametrize("size", [10, 5000])  # short: templated on the event loop; long: in a thread
+async def test_prompt_ids_are_the_chat_template_whatever_the_length(size):
+    engine = texts_engine(["ok"])
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "x" * size}]
+    ep = OpenAIEndpoint(engine)
+    with ep.session() as s:
+        assert (await post(ep, s.key, {"messages": messages})).status_code == 200
+    expected = TOKENIZER.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert list(engine.requests[0].input_ids) == expected

@@ -346,3 +346,21 @@ def test_public_names_live_at_the_root_and_in_their_subpackages():
         obj = getattr(rollout_trio, name)
         assert obj is getattr(sub, name) and inspect.getdoc(obj) and obj.__module__ == "rollout_trio", name
     assert issubclass(rollout_trio.RewardTimeoutError, rollout_trio.RolloutError)
+
+
+async def test_the_session_is_named_after_the_task_and_slot():
+    seen = []
+
+    class Peek:
+        async def run(self, data, **kwargs):
+            seen.extend(s.label for s in wf.endpoint(engine)._sessions.values())
+            await sdk(kwargs).chat.completions.create(model="m", messages=data["messages"])
+            return 1.0
+
+    engine = texts_engine(["a", "b"])
+    wf = AgentRolloutWorkflow(Peek())
+    with workflow_context.use(workflow_context.WorkflowContext(task_id=42, sample_idx=1)):
+        await wf.arun_episode(engine, QUESTION)
+    with workflow_context.use(workflow_context.WorkflowContext(task_id=42)):
+        await wf.arun_episode(engine, QUESTION)
+    assert seen == ["42:1", "42"]

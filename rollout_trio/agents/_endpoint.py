@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import aclosing, contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,7 +29,7 @@ from .._config import GenerationConfig
 from .._errors import WorkflowContractError
 from .._interaction import Interaction
 from .._io import ModelRequest, ModelResponse
-from ._schema import APIError, ChatCompletionRequest, parse_request
+from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls
 
@@ -55,6 +56,7 @@ class OpenAIEndpoint:
         max_tokens_limit: the largest ``max_tokens`` a request may ask for (400 above).
         default_max_tokens: the budget of a request that sets no ``max_tokens``.
         max_body_bytes: request bodies above this size get a 413.
+        body_timeout: seconds to receive a request body; a slower client gets a 408.
 
     Every route but ``/health`` needs ``Authorization: Bearer <session key>`` from
     :meth:`session`.
@@ -70,6 +72,7 @@ class OpenAIEndpoint:
         max_tokens_limit: int = 32768,
         default_max_tokens: int = 1024,
         max_body_bytes: int = 8 * 1024 * 1024,
+        body_timeout: float = 60.0,
     ) -> None:
         tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         if tokenizer is None:
@@ -78,6 +81,8 @@ class OpenAIEndpoint:
             raise ValueError(f"default_max_tokens: must be between 1 and max_tokens_limit={max_tokens_limit}, got {default_max_tokens}")
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes: must be > 0, got {max_body_bytes}")
+        if not body_timeout > 0:
+            raise ValueError(f"body_timeout: must be > 0 seconds, got {body_timeout}")
         self.engine = engine
         self.tokenizer = tokenizer
         self.template = ChatTemplate(tokenizer)
@@ -86,6 +91,7 @@ class OpenAIEndpoint:
         self.max_tokens_limit = max_tokens_limit
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self._sessions: dict[str, AgentSession] = {}
         self.app = Starlette(
             routes=[
@@ -146,12 +152,15 @@ class OpenAIEndpoint:
             raise APIError(413, f"body: {declared} bytes is over the limit of {self.max_body_bytes} bytes")
         chunks: list[bytes] = []
         size = 0
-        async with aclosing(request.stream()) as stream:
-            async for chunk in stream:
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    raise APIError(413, f"body: over the limit of {self.max_body_bytes} bytes")
-                chunks.append(chunk)
+        with trio.move_on_after(self.body_timeout) as deadline:
+            async with aclosing(request.stream()) as stream:
+                async for chunk in stream:
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise APIError(413, f"body: over the limit of {self.max_body_bytes} bytes")
+                    chunks.append(chunk)
+        if deadline.cancelled_caught:
+            raise APIError(408, f"body: not received within body_timeout={self.body_timeout} s")
         try:
             return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as exc:
@@ -170,7 +179,7 @@ class OpenAIEndpoint:
     async def _complete(self, request: Request) -> JSONResponse:
         session = self._authorize(request)
         req = parse_request(await self._read_json(request), max_tokens_limit=self.max_tokens_limit)
-        prompt = await trio.to_thread.run_sync(self.template.prompt_ids, req.messages, req.tools)
+        prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
         rid = uuid.uuid4().hex
         mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer)
         resp = await self._generate(session, request, mreq)
@@ -257,7 +266,7 @@ class OpenAIEndpoint:
                 tokens, text = cut
                 finish = "stop"
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if req.tools:
+        if _offered_tools(req):
             content, calls = parse_tool_calls(text)
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
@@ -276,6 +285,11 @@ class OpenAIEndpoint:
         return JSONResponse(err.body(), status_code=exc.status_code)
 
 
+def _offered_tools(req: ChatCompletionRequest) -> tuple[Tool, ...]:
+    """The tools the model is offered: none with ``tool_choice="none"``."""
+    return () if req.tool_choice == "none" else req.tools
+
+
 def _stop_cut(tokenizer: Any, tokens: tuple[int, ...], text: str, stops: tuple[str, ...]) -> tuple[tuple[int, ...], str] | None:
     """Cut at the first stop string: the tokens up to the one completing it, the text before it."""
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
@@ -290,8 +304,6 @@ def _stop_cut(tokenizer: Any, tokens: tuple[int, ...], text: str, stops: tuple[s
 
 
 def _truncate(resp: ModelResponse, n: int) -> ModelResponse:
-    import attrs
-
     return attrs.evolve(
         resp,
         output_tokens=resp.output_tokens[:n],

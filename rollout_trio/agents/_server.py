@@ -19,13 +19,16 @@ class ServerLimits:
 
     Attributes:
         max_header_bytes: largest request head (request line plus headers).
-        read_timeout: seconds a connection may take to send data before it is closed.
+        read_timeout: seconds of silence after which a connection is closed, even in the
+            middle of a request. None (the default): a client waiting for a long
+            generation sends nothing, and closing it would abort the generation. The
+            endpoint bounds the time to receive a request body itself.
         keep_alive_timeout: seconds an idle keep-alive connection stays open.
         backlog: pending connections the listening socket queues.
     """
 
     max_header_bytes: int = 64 * 1024
-    read_timeout: float = 60.0
+    read_timeout: float | None = None
     keep_alive_timeout: float = 30.0
     backlog: int = 1024
 
@@ -48,7 +51,7 @@ async def serve_app(
     config = Config()
     config.bind = [f"{host}:{port}"]
     config.h11_max_incomplete_size = limits.max_header_bytes
-    config.read_timeout = int(limits.read_timeout)
+    config.read_timeout = None if limits.read_timeout is None else int(limits.read_timeout)
     config.keep_alive_timeout = limits.keep_alive_timeout
     config.backlog = limits.backlog
     config.accesslog = None
@@ -58,4 +61,4 @@ async def serve_app(
         def started(self, binds: list[str] | None = None) -> None:
             task_status.started(binds[0] if binds else f"http://{host}:{port}")
 
-    await serve(app, config, mode="asgi", task_status=_Status())  # type: ignore[arg-type]
+    await serve(app, config, mode="asgi", task_status=_Status())

@@ -14,9 +14,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import trio
+
 from ._schema import ChatMessage, Tool
 
 __all__ = ["ChatTemplate", "parse_tool_calls"]
+
+#: Conversations with at most this many characters are templated on the event loop: a
+#: thread hop costs more than rendering them (DESIGN decision 4 sends *long* inputs to threads).
+INLINE_CHARS = 4096
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -68,6 +74,15 @@ class ChatTemplate:
             else:
                 out.insert(0, {"role": "system", "content": preamble})
         return out
+
+    async def aprompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[int]:
+        """:meth:`prompt_ids` on the event loop for short conversations, in a thread for long ones."""
+        size = sum(len(m.content or "") + sum(len(c.function.arguments) for c in m.tool_calls) for m in messages)
+        size += sum(len(str(t.function.parameters or "")) + len(t.function.description or "") for t in tools)
+        if size > INLINE_CHARS:
+            return await trio.to_thread.run_sync(self.prompt_ids, messages, tools)
+        await trio.lowlevel.checkpoint()
+        return self.prompt_ids(messages, tools)
 
     def prompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[int]:
         """Token ids of the conversation with the assistant's generation prompt (blocking)."""

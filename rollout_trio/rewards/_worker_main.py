@@ -12,11 +12,12 @@ import pickle
 import struct
 import sys
 import traceback
+from typing import IO, Any
 
 _HEADER = struct.Struct(">Q")
 
 
-def _read_exact(stream, n):
+def _read_exact(stream: IO[bytes], n: int) -> bytes | None:
     data = bytearray()
     while len(data) < n:
         chunk = stream.read(n - len(data))
@@ -26,14 +27,14 @@ def _read_exact(stream, n):
     return bytes(data)
 
 
-def _read(stream):
+def _read(stream: IO[bytes]) -> bytes | None:
     head = _read_exact(stream, _HEADER.size)
     if head is None:
         return None
     return _read_exact(stream, _HEADER.unpack(head)[0])
 
 
-def _send(out, obj):
+def _send(out: IO[bytes], obj: Any) -> None:
     try:
         data = pickle.dumps(obj)
     except Exception as exc:
@@ -42,7 +43,7 @@ def _send(out, obj):
     out.flush()
 
 
-def _resolve(fn, cache):
+def _resolve(fn: Any, cache: dict[str, Any]) -> Any:
     if not isinstance(fn, str):
         return fn
     if fn not in cache:
@@ -51,7 +52,7 @@ def _resolve(fn, cache):
     return cache[fn]
 
 
-def main():
+def main() -> int:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints of the reward function go to stderr, not into the replies
     inp = sys.stdin.buffer
@@ -60,11 +61,12 @@ def main():
         return 0
     sys.path[:0] = [p for p in pickle.loads(first) if p not in sys.path]
     _send(out, ("ready", os.getpid()))
-    cache = {}
+    cache: dict[str, Any] = {}
     while True:
         msg = _read(inp)
         if msg is None:
             return 0
+        reply: tuple[Any, ...]
         try:
             fn, args, kwargs = pickle.loads(msg)
             reply = ("ok", _resolve(fn, cache)(*args, **kwargs))

@@ -55,7 +55,10 @@ def default_get_input_ids(messages: Any, tokenizer: Any, enable_thinking: bool) 
 async def prompt_ids(compute: Callable[[], list[int]], prompt: Any) -> list[int]:
     """Run ``compute`` in a thread, once per group when the slots share a processor cache."""
     cache = workflow_context.get().processor_cache
-    run = lambda: trio.to_thread.run_sync(compute)  # noqa: E731
+
+    async def run() -> list[int]:
+        return await trio.to_thread.run_sync(compute)
+
     if cache is None:
         return await run()
     try:

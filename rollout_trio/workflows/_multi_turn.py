@@ -105,7 +105,10 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 discount *= self.turn_discount
         reward = float(reward * discount)
         workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": reward, "num_turns": t})
-        row = lambda values, dtype: torch.tensor([values], dtype=dtype)  # noqa: E731
+
+        def row(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([values], dtype=dtype)
+
         return Trajectory(
             input_ids=row(seq, torch.int32),
             attention_mask=torch.ones(1, len(seq), dtype=torch.bool),
