@@ -62,6 +62,8 @@ from rollout_trio.workflows import rlvr_workflow
 
 # ----------------------------------------------------------------------------- the task
 
+MAX_NEW_TOKENS = 3  # answers are one digit; a rambling second digit already costs the reward
+
 
 def addition_prompts(n: int, *, seed: int) -> list[dict[str, Any]]:
     """``n`` questions "What is a+b?" whose answers are single digits."""
@@ -233,21 +235,25 @@ async def train(
     device: str = "cpu",
     log: Any = print,
 ) -> TrainResult:
-    """Train the tiny model with GRPO; evaluate before and after on held-out prompts."""
+    """Train the tiny model with GRPO; evaluate before and after on a fixed prompt set.
+
+    The evaluation prompts are a separate draw, but the task has only 55 distinct
+    questions: they measure the policy, not generalisation to unseen questions.
+    """
     torch.manual_seed(seed)
     model, tokenizer = tiny_model(seed=seed, device=device)
     trainer = Trainer(model, lr=lr)
     train_prompts = addition_prompts(256, seed=seed)
-    held_out = addition_prompts(eval_prompts, seed=seed + 10_000)
+    eval_set = addition_prompts(eval_prompts, seed=seed + 10_000)
     gconfig = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     workflow = rlvr_workflow(tokenizer, addition_reward, gconfig)
     records: list[StepRecord] = []
     started = time.perf_counter()
     async with LocalEngine(model, tokenizer, seed=seed) as engine:
-        before = await mean_reward(engine, held_out, eval_samples, seed=seed)
-        log(f"untrained: mean reward {before:.3f} on {eval_prompts} held-out prompts x {eval_samples} samples")
-        # The executor keeps up to 2 batches of groups in flight and holds back new ones so
-        # that no group in a batch started more than max_head_offpolicyness versions ago.
+        before = await mean_reward(engine, eval_set, eval_samples, seed=seed)
+        log(f"untrained: mean reward {before:.3f} on {eval_prompts} evaluation prompts x {eval_samples} samples")
+        # The executor keeps up to 2 batches of groups in flight, and lets no more than
+        # max_head_offpolicyness batches start ahead of the trainer's version.
         config = RolloutConfig(
             consumer_batch_size=groups_per_batch,
             max_concurrent_rollouts=2 * groups_per_batch,
@@ -287,7 +293,7 @@ async def train(
                     f"mean reward {rec.mean_reward:.3f}  loss {rec.loss:+.4f}  clip {rec.clip_frac:.2f}  "
                     f"{rec.seconds:6.1f} s" + (f"  ({stale} stale groups dropped)" if stale else "")
                 )
-        after = await mean_reward(engine, held_out, eval_samples, seed=seed)
+        after = await mean_reward(engine, eval_set, eval_samples, seed=seed)
         log(f"trained:   mean reward {after:.3f} on the same prompts and draws (untrained {before:.3f})")
     return TrainResult(records, before, after, time.perf_counter() - started)
 
@@ -311,8 +317,8 @@ def write_outputs(result: TrainResult, out_dir: Path) -> tuple[Path, Path]:
     ys = [r.mean_reward for r in result.steps]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     ax.plot(xs, ys, marker=".", label="batch mean reward (rollouts)")
-    ax.axhline(result.eval_before, color="grey", linestyle="--", label=f"held-out, untrained ({result.eval_before:.3f})")
-    ax.axhline(result.eval_after, color="green", linestyle="--", label=f"held-out, trained ({result.eval_after:.3f})")
+    ax.axhline(result.eval_before, color="grey", linestyle="--", label=f"evaluation, untrained ({result.eval_before:.3f})")
+    ax.axhline(result.eval_after, color="green", linestyle="--", label=f"evaluation, trained ({result.eval_after:.3f})")
     ax.set_xlabel("training step (weight version)")
     ax.set_ylabel("mean reward")
     ax.set_ylim(0, 1)
