@@ -191,6 +191,7 @@ async def fresh_groups(
             prompts, workflow, batch_size=count - len(groups), group_size=group_size, reward_normalization=True
         )
         for group in got:
+            assert isinstance(group, Trajectory)  # the RLVR workflow returns tensor rows
             if head_version(group) >= oldest_version:
                 groups.append(group)
             else:

@@ -10,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from rollout_trio import Trajectory
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -46,6 +48,35 @@ async def test_train_grpo_raises_the_mean_reward_over_the_untrained_model() -> N
     for rec in result.steps:
         assert rec.version - 1 <= rec.min_token_version <= rec.max_token_version <= rec.version
     assert result.steps[-1].max_token_version >= 10
+
+
+async def test_train_grpo_drops_groups_older_than_the_bound_and_refills_the_batch() -> None:
+    from rollout_trio import ModelResponse
+
+    grpo = load_example("train_grpo")
+
+    def group(version: int) -> Trajectory:
+        resp = ModelResponse(
+            input_tokens=[1, 2], output_tokens=[3, 4], output_logprobs=[-0.1, -0.2], output_versions=[version, version + 1]
+        )
+        return Trajectory.from_response(resp, 1.0)
+
+    class Executor:  # hands out groups in this order, as many as asked for
+        def __init__(self, versions: list[int]) -> None:
+            self.versions = versions
+            self.asked: list[int] = []
+
+        async def prepare_batch(
+            self, prompts: object, workflow: object, *, batch_size: int, **options: object
+        ) -> list[Trajectory]:
+            self.asked.append(batch_size)
+            taken, self.versions = self.versions[:batch_size], self.versions[batch_size:]
+            return [group(v) for v in taken]
+
+    executor = Executor([5, 3, 4, 2, 6, 5])
+    groups, stale = await grpo.fresh_groups(executor, [], None, 3, 2, oldest_version=4)
+    assert [grpo.head_version(g) for g in groups] == [5, 4, 6]
+    assert stale == 2 and executor.asked == [3, 1, 1]  # each call asks for what is still missing
 
 
 def test_train_grpo_command_writes_the_curve(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
