@@ -104,9 +104,12 @@ class HttpSession:
     the request construction, the timeout handling and the error mapping below.
     """
 
-    def __init__(self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport, *, api_key: str | None = None
+    ) -> None:
         self.client = client
         self.transport = transport
+        self._auth = [(b"authorization", b"Bearer " + api_key.encode())] if api_key else []
         # What client.send would attach (the client's timeouts, all None for the engine's
         # client): the transport reads connect/read/pool limits from this extension.
         self._extensions = {"timeout": client.timeout.as_dict()}
@@ -123,7 +126,7 @@ class HttpSession:
         target = self._targets.get((base_url, call.path))
         if target is None:
             url = httpx.URL(base_url + call.path)
-            fixed = [(b"host", url.netloc), *_PLAIN_RAW]
+            fixed = [(b"host", url.netloc), *_PLAIN_RAW, *self._auth]
             target = self._targets[(base_url, call.path)] = (url, fixed)
         url, fixed = target
         if call.params is not None:
