@@ -4,6 +4,7 @@ Errors from httpx and from the server's status codes become the
 :class:`~rollout_trio.EngineError` tree here and nowhere else::
 
     httpx.TimeoutException, our per-attempt deadline  ->  EngineTimeoutError
+    the transport's ResponseTooLarge                 ->  EngineProtocolError
     httpx.ConnectError, any other transport error     ->  EngineConnectError
     HTTP status >= 400                                ->  EngineServerError(status_code)
     a 2xx body that is not the expected JSON          ->  EngineProtocolError
@@ -25,6 +26,7 @@ import trio
 
 from .._errors import EngineConnectError, EngineError, EngineProtocolError, EngineServerError, EngineTimeoutError
 from ._remote_wire import HttpCall
+from ._transport import ResponseTooLarge
 
 __all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", "retrying"]
 
@@ -68,6 +70,8 @@ def is_retriable(exc: BaseException) -> bool:
 
 def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
     """The :class:`EngineError` for an httpx exception (chained by the caller)."""
+    if isinstance(exc, ResponseTooLarge):  # retrying would read the same oversized answer
+        return EngineProtocolError(f"{where}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return EngineTimeoutError(f"{where}: timed out ({type(exc).__name__}: {exc})")
     return EngineConnectError(f"{where}: {type(exc).__name__}: {exc or 'connection failed'}")
