@@ -32,7 +32,7 @@ from .._errors import (
 from .._io import ModelRequest, ModelResponse
 from ._protocol import WeightsSource
 from ._remote_http import HttpSession, RetryPolicy, is_retriable, retrying
-from ._remote_wire import HttpCall, Segment
+from ._remote_wire import HttpCall, Segment, parse_version
 from ._routing import Router, Server, normalize_address
 from ._sglang import SGLangBackend
 from ._transport import TrioTransport
@@ -69,7 +69,9 @@ class RemoteEngine:
             to only relabel the version.
         verify_versions: raise :class:`VersionMismatchError` when a server reports a
             weight version other than the one pinned for the segment.
-        version: the initial weight version (told to the servers at start).
+        version: the weight version to assume when no server can report one at start
+            (servers own their versions: at start the engine reads them and adopts the
+            one they agree on; only :meth:`update_weights` changes them).
         api_key: sent as ``Authorization: Bearer`` on every call (``rollout-trio serve
             --api-key``, SGLang ``--api-key``, vLLM ``--api-key``).
         transport: an httpx transport to use instead of the default (a test seam).
@@ -128,6 +130,7 @@ class RemoteEngine:
         self._max_empty_aborts = int(max_empty_aborts)
         self._verify = verify_versions
         self._version = int(version)
+        self._adopt_pending = False  # no server reported a version at start: take the first one seen
         self._transport = transport
         self._api_key = api_key
         self._paused = False
@@ -217,11 +220,30 @@ class RemoteEngine:
         return True
 
     async def _setup_servers(self) -> None:
+        reported: dict[str, int | None] = {}
         async with trio.open_nursery() as nursery:
             for server in self._router.servers:
-                nursery.start_soon(self._setup_server, server)
+                nursery.start_soon(self._setup_server, server, reported)
+        self._adopt_versions(reported)
 
-    async def _setup_server(self, server: Server) -> None:
+    def _adopt_versions(self, reported: dict[str, int | None]) -> None:
+        """Take the servers' version when they agree; a disagreement is an error naming them."""
+        known = {url: v for url, v in reported.items() if v is not None}
+        if len(set(known.values())) > 1:
+            listing = ", ".join(f"{url} at {v}" for url, v in sorted(known.items()))
+            raise VersionMismatchError(
+                f"RemoteEngine: the servers disagree on their weight version ({listing}); "
+                "update them to one checkpoint (update_weights) before starting"
+            )
+        if known:
+            version = next(iter(known.values()))
+            if version != self._version:
+                log.info("adopting weight version %d reported by %s", version, sorted(known))
+            self._version = version
+        else:
+            self._adopt_pending = self._verify  # take the version of the first reported tokens
+
+    async def _setup_server(self, server: Server, reported: dict[str, int | None]) -> None:
         if self.backend_name == "vllm" and self._vllm_api == "auto":
             server.backend = VLLMBackend(await self._probe_vllm_api(server))
         if isinstance(server.backend, VLLMBackend) and not server.backend.can_abort:
@@ -230,7 +252,7 @@ class RemoteEngine:
                 "vLLM /v1/completions has no abort endpoint: aborts close the connection "
                 "(start the server with --enable-scale-out for /inference/v1/* and real aborts)",
             )
-        await self._tell_version(server, self._version, at_start=True)
+        reported[server.base_url] = await self._read_version(server)
 
     async def _probe_vllm_api(self, server: Server) -> str:
         call = HttpCall(
@@ -251,19 +273,23 @@ class RemoteEngine:
             raise
         return "tito"
 
-    async def _tell_version(self, server: Server, version: int, *, at_start: bool) -> None:
-        call = HttpCall("POST", "/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+    async def _read_version(self, server: Server) -> int | None:
+        """The server's weight version, or None when it has no endpoint that reports one."""
         try:
-            await self._session().call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
+            body = await self._session().call(server.base_url, server.backend.version(), timeout=self._control_timeout)
         except EngineServerError as exc:
-            if at_start and exc.status_code in (403, 404, 405):
+            if exc.status_code in (403, 404, 405):
                 self._warn_once(
                     "no-version-endpoint",
-                    f"{server.base_url} has no /update_weight_version (HTTP {exc.status_code}); "
-                    "its reported versions are not synchronised at start",
+                    f"{server.base_url} does not report its weight version (HTTP {exc.status_code}); "
+                    "this engine takes the version of the first tokens it reports",
                 )
-                return
+                return None
             raise
+        value = body.get("weight_version") if isinstance(body, dict) else None
+        if value is None:
+            return None
+        return parse_version(value, f"{server.base_url}: weight_version")
 
     async def _health_loop(self) -> None:
         while True:
@@ -447,6 +473,10 @@ class RemoteEngine:
         )
 
     def _versions_for(self, seg: Segment, pinned: int) -> list[int]:
+        if self._adopt_pending and seg.tokens and (seg.versions or seg.server_version is not None):
+            self._adopt_pending = False
+            pinned = self._version = seg.versions[0] if seg.versions else int(seg.server_version or 0)
+            log.info("adopting weight version %d from the first reported tokens", pinned)
         if seg.versions is not None:
             if self._verify:
                 bad = sorted({v for v in seg.versions if v != pinned})
