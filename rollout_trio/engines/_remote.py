@@ -134,6 +134,7 @@ class RemoteEngine:
         self._transport = transport
         self._api_key = api_key
         self._paused = False
+        self._update_lock = trio.Lock()
         self._gate = trio.Event()
         self._gate.set()
         self._ids = itertools.count()
@@ -351,9 +352,12 @@ class RemoteEngine:
     async def update_weights(self, source: WeightsSource, version: int) -> None:
         """Reload every server's weights from the checkpoint directory ``source``.
 
-        Pauses (unless already paused), sends the reload with ``str(version)`` as the
-        servers' weight version, sets this engine's version, and resumes (only if it
-        paused; on failure it stays paused and the error propagates).
+        Serialized (one update at a time). Pauses (unless already paused), sends the reload
+        with ``str(version)`` as the servers' weight version, sets this engine's version,
+        and resumes if it paused. The resume runs whatever happened, cancellation
+        included (shielded, within ``control_timeout``); a server it cannot resume is
+        named in the error (or, when another exception is already propagating, in a note
+        on it and the log).
         """
         if isinstance(source, Mapping):
             raise UnsupportedRequestError(
@@ -361,19 +365,57 @@ class RemoteEngine:
                 "not a state dict"
             )
         path = fspath(source) if isinstance(source, PathLike) else str(source)
-        was_paused = self._paused
-        if not was_paused:
-            await self.pause()
-        await self._fan_out(lambda s: self._update_calls(s, path, int(version)))
-        self.set_version(int(version))
-        if not was_paused:
-            await self.resume()
+        async with self._update_lock:
+            was_paused = self._paused
+            failed: BaseException | None = None
+            try:
+                if not was_paused:
+                    await self.pause()
+                await self._fan_out(lambda s: self._update_calls(s, path, int(version)))
+                self.set_version(int(version))
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                if not was_paused:
+                    await self._resume_after_update(failed)
+
+    async def _resume_after_update(self, failed: BaseException | None) -> None:
+        """Resume every server and this engine, even when cancelled; name the servers left paused."""
+        left: dict[str, BaseException] = {}
+        with trio.CancelScope(shield=True):
+            session = self._session()
+
+            async def one(server: Server) -> None:
+                try:
+                    with trio.fail_after(self._control_timeout):
+                        for call in server.backend.resume():
+                            await session.call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
+                except (EngineError, trio.TooSlowError) as exc:
+                    left[server.base_url] = exc
+
+            async with trio.open_nursery() as nursery:
+                for server in self._router.servers:
+                    nursery.start_soon(one, server)
+        self._paused = False
+        self._gate.set()
+        if not left:
+            return
+        message = "RemoteEngine.update_weights: could not resume " + ", ".join(
+            f"{url} ({type(exc).__name__}: {exc})" for url, exc in sorted(left.items())
+        ) + "; those servers are left paused (call resume() to retry)"
+        if failed is not None:
+            log.error("%s", message)
+            failed.add_note(message)
+            return
+        raise EngineServerError(message, status_code=0)
 
     async def update_weights_from_disk(self, path: str | PathLike[str], version: int) -> None:
         """The same as :meth:`update_weights` with a path."""
         await self.update_weights(path, version)
 
     def _update_calls(self, server: Server, path: str, version: int) -> list[HttpCall]:
+        """The calls that reload ``server`` and label it ``version``."""
         if isinstance(server.backend, VLLMBackend):
             return server.backend.update_from_disk(path, version, self._vllm_reload_path)
         return server.backend.update_from_disk(path, version)
@@ -388,7 +430,18 @@ class RemoteEngine:
                 async def attempt(_k: int, call: HttpCall = call) -> Any:
                     return await session.call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
 
-                await retrying(attempt, policy=self._retry, rng=self._rng)
+                try:
+                    await retrying(attempt, policy=self._retry, rng=self._rng)
+                except EngineServerError as exc:
+                    if exc.status_code == 404 and call.path == self._vllm_reload_path:
+                        raise EngineServerError(
+                            f"{exc}. {server.base_url} has no {call.path} endpoint: a stock vLLM server cannot "
+                            "reload weights over HTTP; pass RemoteEngine(vllm_reload_path=None) to only relabel "
+                            "its version (and load the weights some other way)",
+                            status_code=404,
+                            body=exc.body,
+                        ) from exc
+                    raise
 
         async with trio.open_nursery() as nursery:
             for server in self._router.servers:
