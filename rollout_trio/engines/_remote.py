@@ -57,6 +57,10 @@ class RemoteEngine:
         request_timeout: seconds for one HTTP attempt (a generation segment included).
         control_timeout: seconds for one control call (pause, resume, abort, health).
         setup_timeout: seconds to wait at start for every server's ``/health``.
+        connect_deadline: seconds at start that a server may go on refusing connections
+            (or be unreachable) before :class:`EngineConnectError` names it and the last
+            error; a server that accepts connections but is not healthy yet gets
+            ``setup_timeout``. Raise it for servers that are still booting.
         retry: attempts and backoff for retriable failures.
         abort_grace: seconds a cancelled request may spend sending its abort.
         health_interval: seconds between health probes of every server.
@@ -88,6 +92,7 @@ class RemoteEngine:
         request_timeout: float = 3600.0,
         control_timeout: float = 60.0,
         setup_timeout: float = 300.0,
+        connect_deadline: float = 10.0,
         retry: RetryPolicy | None = None,
         abort_grace: float = 5.0,
         health_interval: float = 5.0,
@@ -110,6 +115,7 @@ class RemoteEngine:
             ("request_timeout", request_timeout),
             ("control_timeout", control_timeout),
             ("setup_timeout", setup_timeout),
+            ("connect_deadline", connect_deadline),
             ("abort_grace", abort_grace),
             ("health_interval", health_interval),
         ):
@@ -124,6 +130,7 @@ class RemoteEngine:
         self._request_timeout = float(request_timeout)
         self._control_timeout = float(control_timeout)
         self._setup_timeout = float(setup_timeout)
+        self._connect_deadline = float(connect_deadline)
         self._retry = retry or RetryPolicy()
         self._abort_grace = float(abort_grace)
         self._health_interval = float(health_interval)
@@ -168,12 +175,14 @@ class RemoteEngine:
             self._http = HttpSession(client, transport, api_key=self._api_key)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._nursery.cancel_scope.cancel)
+            last: dict[Server, EngineError] = {}
             with trio.move_on_after(self._setup_timeout):
-                await self._wait_healthy()
-            down = [s.base_url for s in self._router.servers if not s.up]
+                await self._wait_healthy(last)
+            down = [s for s in self._router.servers if not s.up]
             if down:
                 raise EngineConnectError(
-                    f"RemoteEngine: no healthy answer within setup_timeout={self._setup_timeout} s from {down}"
+                    f"RemoteEngine: no healthy answer within setup_timeout={self._setup_timeout} s from "
+                    + "; ".join(f"{s.base_url} (last error: {last.get(s, 'none')})" for s in down)
                 )
             await self._setup_servers()
             self._nursery.start_soon(self._health_loop)
@@ -199,26 +208,48 @@ class RemoteEngine:
             raise RuntimeError("RemoteEngine: use it inside 'async with RemoteEngine(...)'")
         return self._http
 
-    async def _wait_healthy(self) -> None:
+    async def _wait_healthy(self, last: dict[Server, EngineError]) -> None:
+        """Probe until every server is healthy; a server refusing connections past
+        ``connect_deadline`` is an :class:`EngineConnectError` naming it."""
         for server in self._router.servers:
             server.up = False
         pending = set(self._router.servers)
+        refused_since: dict[Server, float] = {}
         while pending:
             for server in list(pending):
-                if await self._probe(server):
+                error = await self._probe(server)
+                if error is None:
                     self._router.mark_up(server)
                     pending.discard(server)
+                    continue
+                log.log(
+                    logging.WARNING if server not in last else logging.DEBUG,
+                    "%s is not healthy yet (still trying): %s",
+                    server.base_url,
+                    error,
+                )
+                last[server] = error
+                if not isinstance(error, EngineConnectError):
+                    refused_since.pop(server, None)
+                    continue
+                since = refused_since.setdefault(server, trio.current_time())
+                if trio.current_time() - since >= self._connect_deadline:
+                    raise EngineConnectError(
+                        f"RemoteEngine: cannot connect to {server.base_url} "
+                        f"(connect_deadline={self._connect_deadline:g} s): {error}"
+                    ) from error
             if pending:
                 await trio.sleep(0.2)
 
-    async def _probe(self, server: Server) -> bool:
+    async def _probe(self, server: Server) -> EngineError | None:
+        """One health check: None when healthy, else the error."""
         try:
             await self._session().call(
                 server.base_url, server.backend.health(), timeout=min(5.0, self._control_timeout), expect_json=False
             )
-        except EngineError:
-            return False
-        return True
+        except EngineError as exc:
+            return exc
+        return None
 
     async def _setup_servers(self) -> None:
         reported: dict[str, int | None] = {}
@@ -300,17 +331,20 @@ class RemoteEngine:
                     nursery.start_soon(self._health_check, server)
 
     async def _health_check(self, server: Server) -> None:
+        error: EngineError | None
         try:
-            ok = await self._probe(server)
+            error = await self._probe(server)
         except Exception:  # never let a probe bug take the engine down
             log.exception("health probe of %s failed", server.base_url)
-            ok = False
-        if ok and not server.up:
+            error = EngineError("the probe itself failed")
+        if error is None and not server.up:
             log.info("%s is healthy again", server.base_url)
             self._router.mark_up(server)
-        elif not ok and server.up:
-            log.warning("%s failed its health check; marked down", server.base_url)
+        elif error is not None and server.up:
+            log.warning("%s failed its health check; marked down: %s", server.base_url, error)
             self._router.mark_down(server)
+        elif error is not None:
+            log.debug("%s is still down: %s", server.base_url, error)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
