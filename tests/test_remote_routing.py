@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from rollout_trio import GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
@@ -113,7 +114,7 @@ async def test_failed_server_is_marked_down_traffic_moves_and_it_comes_back() ->
                     await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
                 assert hits == {"a": 2, "b": 2}
                 scope_a.cancel()  # server a goes away
-                await trio.sleep(0.05)
+                await trio.testing.wait_all_tasks_blocked()  # its tasks have run their cancellation
                 for i in range(4, 10):
                     await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
                 assert hits["b"] == 8 and hits["a"] == 2
@@ -189,3 +190,30 @@ async def test_control_calls_reach_every_server_and_failures_are_grouped() -> No
             nursery.cancel_scope.cancel()
     assert a.paths("/continue_generation") == b.paths("/continue_generation") == [{}]
     assert a.paths("/pause_generation") == [{"mode": "abort"}]
+
+
+async def test_servers_that_disagree_on_their_version_are_an_error_naming_them() -> None:
+    from rollout_trio import VersionMismatchError
+
+    def reporting(label: str) -> Any:
+        async def script(method: str, path: str, body: Any) -> Reply:
+            if path == "/get_model_info":
+                return 200, {"weight_version": label}
+            return await default_reply(method, path, body)
+
+        return script
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            servers = [FakeServer(reporting(label)) for label in ("4", "4", "5")]
+            for s in servers:
+                await nursery.start(s.run)
+            with pytest.raises(VersionMismatchError, match="disagree") as info:
+                async with RemoteEngine([s.address for s in servers], setup_timeout=5, seed=0):
+                    pass
+            for s, label in zip(servers, ("4", "4", "5"), strict=True):
+                assert f"http://{s.address} at {label}" in str(info.value)
+            async with RemoteEngine([s.address for s in servers[:2]], setup_timeout=5, seed=0) as eng:
+                assert eng.get_version() == 4  # adopted where they agree
+            assert all(not s.paths("/update_weight_version") for s in servers)
+            nursery.cancel_scope.cancel()

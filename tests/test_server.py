@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -87,15 +89,24 @@ async def test_generate_matches_local_engine(server: ServeProcess) -> None:
     assert remote.input_tokens == tuple(ids)
 
 
+async def in_flight(server: ServeProcess, prefix: str) -> int:
+    return len([r for r in (await server.astats())["in_flight_rids"] if r.startswith(prefix)])
+
+
+async def output_tokens(server: ServeProcess) -> int:
+    return int((await server.astats()).get("output_tokens", 0))
+
+
 async def test_cancelled_group_aborts_every_request_on_the_server(server: ServeProcess) -> None:
     rids = [f"group-{i}" for i in range(8)]
     with trio.fail_after(30):
         async with engine(server.address) as eng:
-            with trio.move_on_after(0.6) as scope:
-                async with trio.open_nursery() as nursery:
-                    for rid in rids:
-                        nursery.start_soon(eng.agenerate, ModelRequest(input_ids=[1, 2, 3], gconfig=LONG, rid=rid))
-            assert scope.cancelled_caught
+            async with trio.open_nursery() as nursery:
+                for rid in rids:
+                    nursery.start_soon(eng.agenerate, ModelRequest(input_ids=[1, 2, 3], gconfig=LONG, rid=rid))
+                while await in_flight(server, "group-") < 8:  # all running on the server
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
             assert all(s.in_flight == 0 for s in eng.servers)
     stats = await server.astats()
     for rid in rids:
@@ -140,18 +151,21 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
 
                 nursery.start_soon(gen, "upd-a")
                 nursery.start_soon(gen, "upd-b")
-                while len([r for r in (await server.astats())["in_flight_rids"] if r.startswith("upd-")]) < 2:
-                    await trio.sleep(0.02)
-                await trio.sleep(0.1)  # a few chunks in
+                while await in_flight(server, "upd-") < 2:
+                    await trio.sleep(0.01)
+                start = await output_tokens(server)
+                while await output_tokens(server) < start + 16:  # a few chunks in
+                    await trio.sleep(0.01)
                 await eng.update_weights(str(ckpt), 1)
             assert eng.get_version() == 1
             after = await eng.agenerate(
                 ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=4, ignore_eos=True))
             )
-        async with engine(server.address, version=0) as eng0, httpx.AsyncClient() as other:  # tells the server "0"
+        async with engine(server.address, version=0) as eng1, httpx.AsyncClient() as other:
+            assert eng1.get_version() == 1  # adopted from the server, not told to it
             await other.post(server.url + "/update_weight_version", json={"new_version": "5"})  # someone else relabels
-            with pytest.raises(VersionMismatchError, match="version 5 for a segment pinned to version 0"):
-                await eng0.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
+            with pytest.raises(VersionMismatchError, match="version 5 for a segment pinned to version 1"):
+                await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
             await other.post(server.url + "/update_weight_version", json={"new_version": "0"})
     for resp in results:
         assert resp.output_len == 200 and resp.stop_reason == "length"
@@ -162,6 +176,32 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
     assert (await server.astats())["paused"] is None
     async with httpx.AsyncClient() as client:
         assert (await client.get(server.url + "/get_weight_version")).json()["weight_version"] == "0"
+
+
+async def test_a_second_client_adopts_the_servers_version_and_both_keep_generating(
+    server: ServeProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Several trainer processes share servers: B starting after A's update must not
+    relabel the server (it told it "0", and A's next request failed with a mismatch)."""
+    from rollout_trio.models import tiny_model
+
+    ckpt = tmp_path_factory.mktemp("ckpt-shared")
+    model, tok = tiny_model(seed=2)
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    g = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    with trio.fail_after(40):
+        async with engine(server.address) as a:
+            v = a.get_version() + 3
+            await a.update_weights(str(ckpt), v)
+            async with engine(server.address) as b:  # version=0 by default
+                assert b.get_version() == v
+                rb = await b.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+                ra = await a.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+            ra2 = await a.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+    assert ra.output_versions == rb.output_versions == ra2.output_versions == (v,) * 4
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(server.url + "/get_weight_version")).json()["weight_version"] == str(v)
 
 
 async def test_bad_request_is_not_retried(server: ServeProcess) -> None:
@@ -177,6 +217,8 @@ async def test_bad_request_is_not_retried(server: ServeProcess) -> None:
 async def test_killed_server_fails_over_and_dead_one_raises_typed_error(server: ServeProcess) -> None:
     victim = ServeProcess(*SERVE_ARGS)
     try:
+        label = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+        httpx.post(victim.url + "/update_weight_version", json={"new_version": label})  # servers must agree
         g = GenerationConfig(max_new_tokens=400, ignore_eos=True)
         with trio.fail_after(40):
             async with engine(victim.address, server.address, health_interval=0.2) as eng:
@@ -189,8 +231,7 @@ async def test_killed_server_fails_over_and_dead_one_raises_typed_error(server: 
                     for i in range(6):
                         nursery.start_soon(gen, i)
                     while (await victim.astats())["in_flight"] < 2:  # some are running on it
-                        await trio.sleep(0.02)
-                    await trio.sleep(0.1)
+                        await trio.sleep(0.01)
                     victim.kill()
                 assert len(results) == 6 and all(r.output_len == 400 for r in results)
                 down = {s.base_url: s.up for s in eng.servers}
@@ -219,3 +260,62 @@ def test_serve_reports_a_taken_port(server: ServeProcess) -> None:
 
     port = server.address.rsplit(":", 1)[1]
     assert serve_main(["--port", port, "--segment-tokens", "2"]) == 1
+
+
+def _serve_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollout_trio.cli._serve", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536", "eighty"])
+def test_serve_port_outside_the_range_is_a_one_line_usage_error(port: str) -> None:
+    done = _serve_cli("--port", port)  # was: 99999 silently listened on 99999 % 65536
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "--port" in done.stderr and "0-65535" in done.stderr
+
+
+def test_serve_refuses_a_non_loopback_bind_without_an_api_key() -> None:
+    done = _serve_cli("--host", "0.0.0.0", "--port", "0")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "refusing to bind 0.0.0.0 without an api key" in done.stderr and "--allow-unauthenticated" in done.stderr
+
+
+async def test_api_key_from_the_environment_and_sigterm_aborts_in_flight_generations() -> None:
+    p = ServeProcess(*SERVE_ARGS, env={"ROLLOUT_TRIO_API_KEY": "k3y"})
+    try:
+        with trio.fail_after(40):
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(p.url + "/health")).status_code == 200
+                assert (await client.get(p.url + "/get_model_info")).status_code == 401
+            unauthorised = pytest.RaisesExc(EngineServerError, match="HTTP 401", check=lambda e: e.status_code == 401)
+            with pytest.RaisesGroup(unauthorised, flatten_subgroups=True):  # raised in the per-server setup
+                async with engine(p.address):
+                    pass
+            async with engine(p.address, api_key="k3y") as eng:
+                short = await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=3)))
+                assert short.output_len > 0
+                got: list[httpx.Response] = []
+
+                async def long_request() -> None:
+                    async with httpx.AsyncClient(timeout=30, headers={"authorization": "Bearer k3y"}) as c:
+                        body = {"rid": "sigterm-1", "input_ids": [1, 2],
+                                "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}  # fmt: skip
+                        got.append(await c.post(p.url + "/generate", json=body))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(long_request)
+                    while True:
+                        async with httpx.AsyncClient(headers={"authorization": "Bearer k3y"}) as c:
+                            stats = (await c.get(p.url + "/stats")).json()
+                        if "sigterm-1" in stats["in_flight_rids"] and stats.get("output_tokens", 0) > 0:
+                            break
+                        await trio.sleep(0.01)
+                    p.proc.terminate()
+            meta = got[0].json()["meta_info"]
+            assert got[0].status_code == 200
+            assert meta["finish_reason"] == {"type": "abort", "message": "Abort due to server shutdown"}
+            assert 0 < meta["completion_tokens"] < 400
+        assert await trio.to_thread.run_sync(p.proc.wait, 20) == 0
+    finally:
+        p.stop()
