@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import uvloop  # noqa: E402
 
 from bench import work  # noqa: E402
+from bench.areal_client import decode, encode  # noqa: E402
 from bench.areal_import import load  # noqa: E402
 
 A = load()
@@ -187,7 +188,31 @@ def failure(addr: str) -> dict[str, Any]:
         engine.destroy()
 
 
-OPS = {"group": group, "norm": norm, "client": client, "failure": failure}
+# -- differential tests (tests/test_areal_differential.py): many cases per call ------------
+
+
+def concat(cases: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """``concat_padded_tensors`` of each case (a list of tensor dicts)."""
+    out = []
+    for dicts in cases:
+        joined = A.concat_padded_tensors([{k: decode(v) for k, v in d.items()} for d in dicts])
+        out.append({k: encode(v) for k, v in joined.items()})
+    return {"results": out}
+
+
+def normalize(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Normalization(NormConfig(**config))(x, loss_mask)`` of each case."""
+    out = []
+    for case in cases:
+        mask = case.get("mask")
+        result = A.Normalization(A.NormConfig(**case["config"]))(
+            decode(case["x"]), loss_mask=None if mask is None else decode(mask)
+        )
+        out.append(encode(result))
+    return {"results": out}
+
+
+OPS = {"group": group, "norm": norm, "client": client, "failure": failure, "concat": concat, "normalize": normalize}
 
 
 def main() -> None:

@@ -47,48 +47,10 @@ import torch  # noqa: E402
 import trio  # noqa: E402
 
 from bench import areal_env, work  # noqa: E402
+from bench.areal_client import Areal  # noqa: E402
 from rollout_trio import GenerationConfig, GroupedRolloutWorkflow, ModelRequest, ModelResponse  # noqa: E402
 from rollout_trio import NormConfig, normalize_rewards  # noqa: E402
 from rollout_trio.engines import RemoteEngine  # noqa: E402
-
-# -- the AReaL side ----------------------------------------------------------------------
-
-
-class Areal:
-    """AReaL's worker subprocess: one JSON command per line, one JSON answer per line."""
-
-    def __init__(self, python: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
-        self._proc = subprocess.Popen(
-            [str(python), str(ROOT / "bench" / "areal_worker.py")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.info = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self._proc.stdout is not None
-        while line := self._proc.stdout.readline():
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"AReaL worker exited ({self._proc.wait()})")
-
-    def __call__(self, op: str, **kwargs: Any) -> dict[str, Any]:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
-        self._proc.stdin.flush()
-        out = self._read()
-        if "error" in out:
-            raise RuntimeError(f"AReaL side, {op} {kwargs}: {out['error']}")
-        return out
-
-    def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        self._proc.wait(30)
-
 
 # -- a. grouped orchestration + packing ---------------------------------------------------
 
