@@ -1,13 +1,16 @@
 """Properties of grouped rollouts: merging, statistics, and failure under random injection."""
 
+import math
+
 import pytest
 import torch
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_trio import Interaction, ModelRequest, ModelResponse, run_group, workflow_context
+from rollout_trio import Interaction, ModelRequest, ModelResponse, WorkflowContractError, run_group, workflow_context
 from rollout_trio.testing import ScriptedEngine
+from rollout_trio.testing import strategies as rst
 from rollout_trio.workflow_context import StatsRecorder
 
 # Each slot: None (rejected) or the length of the one row it returns.
@@ -54,7 +57,9 @@ async def test_statistics_depend_only_on_which_slots_were_usable(plan, data):
     for p in (plan, other):
         rec = StatsRecorder()
         await run_group(planned(p), ScriptedEngine(), {}, len(p), min_usable_group_size=minimum, stats=rec)
-        recs.append(rec.records[0].values)
+        summaries = rec.summaries()
+        assert {x.count for x in summaries.values()} == {1}
+        recs.append({key.removeprefix("rollout/"): x.total for key, x in summaries.items()})
     assert recs[0] == recs[1]
     g, u = len(plan), sum(n is not None for n in plan)
     trainable = u if u >= minimum and u > 0 else 0
@@ -115,11 +120,15 @@ async def test_no_sibling_outlives_a_failure_and_the_cache_is_finalized_once(scr
     assert len(engine.completed) + len(engine.aborted) == len(engine.requests)
 
 
-@given(st.integers(2, 8), st.data())
-async def test_cancelling_one_slot_never_loses_another_slots_completed_result(g, data):
-    """A slot that finished before a sibling failed is still in `results` when the
-    metrics hook runs (the group holds results by slot index, not by completion)."""
+@given(st.integers(3, 8), st.data())
+async def test_a_failure_cancels_the_running_slots_but_keeps_a_finished_result(g, data):
+    """When a slot fails after another finished, every still-running sibling is really
+    cancelled (it sees Cancelled), and the finished slot's result is still what the
+    metrics hook gets for it (results are held by slot index, not by completion)."""
     finish_first = data.draw(st.integers(0, g - 1))
+    failing = data.draw(st.integers(0, g - 1).filter(lambda i: i != finish_first))
+    finished = trio.Event()
+    cancelled: list[int] = []
     seen = []
 
     class WF:
@@ -127,14 +136,110 @@ async def test_cancelling_one_slot_never_loses_another_slots_completed_result(g,
             i = workflow_context.get().sample_idx
             if i == finish_first:
                 resp = ModelResponse(input_tokens=[1], output_tokens=[2], output_logprobs=[-0.5], output_versions=[0])
+                finished.set()
                 return {f"c{i}": Interaction(model_response=resp, reward=float(i))}
-            await trio.sleep(0.001)
-            raise ValueError("late failure")
+            if i == failing:
+                await finished.wait()
+                raise ValueError("late failure")
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                cancelled.append(i)
+                raise
 
         def record_group_metrics(self, data_, rewards, group_size):
             seen.append(rewards)
 
-    with pytest.raises(ExceptionGroup) as info:
+    with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="late failure")):
         await run_group(WF(), ScriptedEngine(), {}, g, stats=StatsRecorder())
-    assert all(isinstance(e, ValueError) for e in info.value.exceptions)
-    assert seen[0][finish_first] == float(finish_first)
+    assert sorted(cancelled) == sorted(set(range(g)) - {finish_first, failing})
+    assert seen == [[float(finish_first) if i == finish_first else None for i in range(g)]]
+
+
+# -- hostile rewards under reward normalization ------------------------------------------
+
+F32_MAX = 3.4028234663852886e38
+
+
+def bad_reward(r: float) -> bool:
+    return not math.isfinite(r) or abs(r) > F32_MAX
+
+
+def oracle(refs: list[float], use_std: bool) -> tuple[list[float], float, float]:
+    """Rollout-time normalization in exact-as-possible Python floats (fsum, pstdev):
+    the normalized values, the mean and the divisor."""
+    mean = math.fsum(refs) / len(refs)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in refs) / len(refs))
+    divisor = 1.0 if not use_std or std <= 1e-8 else std + 1e-8
+    return [(r - mean) / divisor for r in refs], mean, divisor
+
+
+def check_normalized(out: list[float], refs: list[float], use_std: bool) -> None:
+    """Finite, close to the oracle, and never a silent 0 when the references differ."""
+    assert all(math.isfinite(x) for x in out), out
+    expected, mean, divisor = oracle(refs, use_std)
+    biggest = max(abs(r) for r in refs)
+    for got, want, r in zip(out, expected, refs):
+        # Rounding allowed: the float32 result, the float32 copies of r and of the mean,
+        # and float64 sums at the scale of the largest reference.
+        tol = 1e-6 * abs(want) + (1e-7 * (abs(r) + abs(mean)) + 1e-14 * biggest) / divisor + 1e-30
+        assert abs(got - want) <= tol, (got, want, refs)
+    f32 = [float(torch.tensor(r, dtype=torch.float32)) for r in refs]
+    if len(set(f32)) > 1:
+        assert any(x != 0.0 for x in out), (out, refs)
+
+
+@given(st.integers(2, 6).flatmap(lambda g: st.lists(rst.any_rewards(), min_size=g, max_size=g)), st.booleans())
+async def test_interaction_rewards_normalize_to_finite_values_or_name_the_bad_slot(rewards, use_std):
+    """With reward_normalization on, interaction rewards drawn from NaN, infinities, huge
+    and tiny magnitudes either raise WorkflowContractError naming the first slot whose
+    reward is not a finite float32, or normalize to finite values matching an exact
+    oracle, never all 0 when the rewards differ."""
+    resp = ModelResponse(input_tokens=[1], output_tokens=[2], output_logprobs=[-0.5], output_versions=[0])
+    slots = [{f"c{i}": Interaction(model_response=resp, reward=r)} for i, r in enumerate(rewards)]
+    bad = [i for i, r in enumerate(rewards) if bad_reward(r)]
+    wf = planned_results(slots)
+    if bad:
+        with pytest.raises(WorkflowContractError, match=f"^slot {bad[0]}: "):
+            await run_group(wf, ScriptedEngine(), {}, len(rewards), reward_normalization=True,
+                            reward_normalization_use_std=use_std, stats=StatsRecorder())
+        return
+    out = await run_group(wf, ScriptedEngine(), {}, len(rewards), reward_normalization=True,
+                          reward_normalization_use_std=use_std, stats=StatsRecorder())
+    inters = list(out.values())
+    assert [x.original_reward for x in inters] == rewards
+    check_normalized([x.reward for x in inters], rewards, use_std)
+
+
+@given(st.integers(2, 6).flatmap(lambda g: st.lists(rst.any_rewards(), min_size=g, max_size=g)), st.data())
+async def test_row_rewards_normalize_to_finite_values_or_name_the_bad_slot(rewards, data):
+    """The same for tensor rows (float64 rewards tensors, so values beyond float32 reach
+    the check), under drawn group options: a clear error naming the slot, or finite rows
+    matching the oracle over the kept rollouts."""
+    options = data.draw(rst.group_options(len(rewards)))
+    slots = [
+        {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.ones(1, 2, dtype=torch.bool),
+         "rewards": torch.tensor([r], dtype=torch.float64)}
+        for r in rewards
+    ]
+    bad = [i for i, r in enumerate(rewards) if bad_reward(r)]
+    wf = planned_results(slots)
+    if bad:
+        with pytest.raises(WorkflowContractError, match=f"^slot {bad[0]}: 'rewards'"):
+            await run_group(wf, ScriptedEngine(), {}, len(rewards), stats=StatsRecorder(), **options)
+        return
+    out = await run_group(wf, ScriptedEngine(), {}, len(rewards), stats=StatsRecorder(), **options)
+    got = out.rewards.tolist()
+    if options["reward_normalization"]:
+        assert out.original_rewards.tolist() == rewards
+        check_normalized(got, rewards, options["reward_normalization_use_std"])
+    else:
+        assert got == rewards
+
+
+def planned_results(results):
+    async def wf(engine, data):
+        await trio.sleep(0)
+        return results[workflow_context.get().sample_idx]
+
+    return wf

@@ -8,6 +8,7 @@ property depends on catastrophic cancellation; comparisons allow 1e-4 relative e
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -285,6 +286,47 @@ def test_advantages_have_masked_mean_zero_and_unit_std_per_group(
             assert std(normalized, unbiased) == approx(1.0)
 
 
+def plain_oracle(values: list[float], sizes: list[int], cfg: NormConfig) -> list[float]:
+    """Per-element normalization written from the definitions, over Python lists: the
+    baseline is the mean of the level's pool (of the others under leave-one-out; a
+    singleton group is its own baseline), the std is taken around the baselines over
+    the std level's pool (1 when undefined), the divisor is std + eps."""
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    group_of = [range(a, a + n) for a, n in zip(starts, sizes) for _ in range(n)]
+    everything = range(len(values))
+
+    def pool(j: int, level: str) -> range:
+        return everything if level == "batch" else group_of[j]
+
+    base = []
+    for j in everything:
+        if cfg.mean_level is None:
+            base.append(0.0)
+            continue
+        idx = pool(j, cfg.mean_level)
+        if not cfg.leave_one_out:
+            base.append(statistics.fmean(values[i] for i in idx))
+        elif cfg.mean_level == "group" and len(idx) == 1:
+            base.append(values[j])
+        else:
+            others = [values[i] for i in idx if i != j]
+            base.append(statistics.fmean(others) if others else 0.0)
+    out = []
+    for j in everything:
+        divisor = 1.0
+        if cfg.std_level is not None:
+            idx = pool(j, cfg.std_level)
+            k = len(idx)
+            squares = math.fsum((values[i] - base[i]) ** 2 for i in idx)
+            if cfg.std_unbiased:
+                s = 1.0 if k <= 1 else math.sqrt(squares / (k - 1))
+            else:
+                s = math.sqrt(squares / k)
+            divisor = s + cfg.eps
+        out.append((values[j] - base[j]) / divisor)
+    return out
+
+
 @SETTINGS
 @given(
     values=st.lists(VALUES, min_size=2, max_size=12),
@@ -292,15 +334,17 @@ def test_advantages_have_masked_mean_zero_and_unit_std_per_group(
     cfg=configs.filter(lambda c: c.std_level is None or c.eps < 0.5),
 )
 def test_one_row_rollouts_match_the_plain_call(values: list[float], data: st.DataObject, cfg: NormConfig) -> None:
-    """With one row per rollout and no std <= eps fallback in play, normalize_rewards equals normalize_advantages."""
+    """With one row per rollout and no std <= eps fallback in play, normalize_rewards and
+    normalize_advantages both equal the per-element oracle written from the definitions."""
     cut = sorted(set(data.draw(st.lists(st.integers(1, len(values) - 1), max_size=3))))
     sizes = [b - a for a, b in zip([0, *cut], [*cut, len(values)])]
     if cfg.std_level is not None:  # every group must have a std above eps
         assume(all(len(set(values[a:b])) >= 2 for a, b in zip([0, *cut], [*cut, len(values)])))
         assume(len(set(values)) >= 2)
     x = torch.tensor(values)
-    expected = normalize_advantages(x, cfg, group_sizes=sizes)
-    assert normalize_rewards(x, cfg, group_sizes=sizes).tolist() == approx(expected.tolist())
+    expected = plain_oracle(values, sizes, cfg)
+    assert normalize_advantages(x, cfg, group_sizes=sizes).tolist() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    assert normalize_rewards(x, cfg, group_sizes=sizes).tolist() == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
 @SETTINGS

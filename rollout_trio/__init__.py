@@ -15,12 +15,13 @@ from ._errors import EngineError as EngineError
 from ._errors import EngineProtocolError as EngineProtocolError
 from ._errors import EngineServerError as EngineServerError
 from ._errors import EngineTimeoutError as EngineTimeoutError
+from ._errors import GroupRolloutError as GroupRolloutError
 from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
 from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
-from ._group import GroupStatistics as GroupStatistics
+from ._assemble import GroupStatistics as GroupStatistics
 from ._group import run_group as run_group
 from ._interaction import Interaction as Interaction
 from ._interaction import interactions_to_trajectory as interactions_to_trajectory
@@ -33,7 +34,7 @@ from ._padding import concat_trajectories as concat_trajectories
 from ._padding import split_trajectories as split_trajectories
 from ._rollout_group import RolloutGroup as RolloutGroup
 from ._trajectory import Trajectory as Trajectory
-from ._trajectory import check_trajectory_format as check_trajectory_format
+from ._check import check_trajectory_format as check_trajectory_format
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._workflow import AgentWorkflow as AgentWorkflow
 from ._workflow import RolloutWorkflow as RolloutWorkflow

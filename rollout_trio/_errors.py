@@ -12,10 +12,15 @@ The hierarchy::
     │   ├── VersionMismatchError                     a server reported an unexpected weight version
     │   └── UnsupportedRequestError (also ValueError) the engine cannot honour a request setting
     └── GroupRolloutError (also an ExceptionGroup)   one or more slots of a group failed
+
+A :class:`GroupRolloutError` is a strict exception group: ``except* ValueError`` and
+``eg.split(...)`` reach the slots' exceptions (each noted with its slot index), and the
+parts keep the group size and their slots.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -24,6 +29,7 @@ __all__ = [
     "EngineProtocolError",
     "EngineServerError",
     "EngineTimeoutError",
+    "GroupRolloutError",
     "RolloutError",
     "UnsupportedRequestError",
     "VersionMismatchError",
@@ -77,3 +83,45 @@ class VersionMismatchError(EngineError):
 
 class UnsupportedRequestError(EngineError, ValueError):
     """The engine cannot honour a setting of the request and refuses rather than ignore it."""
+
+
+class GroupRolloutError(ExceptionGroup[Exception], RolloutError):  # type: ignore[misc]
+    """One or more slots of a group raised; the others were cancelled.
+
+    ``exceptions[k]`` is what slot ``slots[k]`` raised (also noted on it);
+    ``group_size`` is the group's G. Parts made by ``split``/``subgroup``/``except*``
+    are ``GroupRolloutError`` too, with the slots of the exceptions they keep.
+    """
+
+    group_size: int
+    slots: tuple[int, ...]
+
+    def __new__(
+        cls, message: str, exceptions: Sequence[Exception], *, group_size: int, slots: Sequence[int]
+    ) -> GroupRolloutError:
+        if len(slots) != len(exceptions):
+            raise ValueError(f"slots: one per exception ({len(exceptions)}), got {len(slots)}")
+        self = super().__new__(cls, message, exceptions)
+        self.group_size = group_size
+        self.slots = tuple(slots)
+        return self
+
+    def __init__(
+        self, message: str, exceptions: Sequence[Exception], *, group_size: int, slots: Sequence[int]
+    ) -> None:
+        super().__init__(message, exceptions)
+
+    def derive(self, excs: Sequence[Exception]) -> GroupRolloutError:  # type: ignore[override]
+        """The same group, holding only ``excs`` (called by ``split`` and ``except*``)."""
+        # A kept exception is one of ours, or a part of one of our nested groups: it
+        # belongs to the slot whose exception holds its leaves.
+        owner = {id(leaf): slot for e, slot in zip(self.exceptions, self.slots) for leaf in exception_leaves(e)}
+        slots = [owner[id(next(iter(exception_leaves(exc))))] for exc in excs]
+        return GroupRolloutError(self.message, excs, group_size=self.group_size, slots=slots)
+
+
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions that are not groups inside ``exc`` (``[exc]`` for a plain one)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in exception_leaves(e)]
+    return [exc]

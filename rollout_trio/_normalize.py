@@ -8,8 +8,8 @@ Three families of functions live here:
 * :func:`normalize_advantages`: the plain ``Normalization`` call used on ``[B, L]``
   advantages with a loss mask (masked token statistics, per-element leave-one-out,
   singleton fallbacks chosen by logical member counts, no ``std <= eps`` fallback).
-* :func:`rollout_time_affine` / :func:`rollout_time_apply`: the float32 arithmetic of
-  rollout-time (interaction) normalization, for the group layer.
+* :func:`rollout_time_affine` / :func:`rollout_time_apply`: rollout-time (group)
+  normalization, for the group layer. Statistics in float64, results float32.
 
 Nothing here is async, touches global state or mutates its inputs.
 """
@@ -45,9 +45,8 @@ _LEVELS = ("batch", "group", None)
 _F64 = torch.float64
 #: Rollout-time epsilon (spec §7.2), a float32 constant.
 _ROLLOUT_EPS = 1e-8
-_EPS32 = torch.tensor(_ROLLOUT_EPS, dtype=torch.float32)
-_EPS32_AS_FLOAT = float(_EPS32)  # the float32 value of 1e-8, exactly, as a Python float
 _ONE32 = torch.ones((), dtype=torch.float32)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _SPLIT_ROWS_MESSAGE = (
     "Split rollout row rewards differ; supply an explicit rollout_reward for reward normalization."
 )
@@ -303,48 +302,52 @@ def group_mean_std(
 
 
 def rollout_time_affine(references: torch.Tensor | Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Baseline and divisor of rollout-time (interaction) normalization, in float32.
+    """Baseline and divisor of rollout-time (group) normalization.
 
     Over the ``u`` references of a group's usable rollouts: ``mean`` is their average,
     ``std`` their population std (1.0 when ``u == 1``), and the divisor is 1 when
-    ``std <= 1e-8``, else ``std + 1e-8``. All arithmetic is float32, so constant
-    references give exactly 0 after :func:`rollout_time_apply`.
+    ``std <= 1e-8``, else ``std + 1e-8``. The statistics are computed in float64 (so
+    rewards near float32's range neither overflow nor vanish) and returned as float32;
+    constant references give exactly 0 after :func:`rollout_time_apply`.
 
     Args:
         references: One finite reference reward per usable rollout (at least one).
 
     Returns:
         ``(mean, scale)`` as 0-d float32 tensors.
+
+    Raises:
+        ValueError: no references, or one that is not finite or beyond float32's range.
     """
     if isinstance(references, torch.Tensor):
         r = references
     else:
-        r = torch.as_tensor([float(v) for v in references], dtype=torch.float64)
+        r = torch.as_tensor([float(v) for v in references], dtype=_F64)
     r = _real_tensor("references", r)
     if r.ndim != 1 or r.numel() == 0:
         raise ValueError(f"references: must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
-    r = r.to(torch.float32)
+    r = r.to(_F64)
+    if not bool(r.abs().max() <= _FLOAT32_MAX):  # NaN fails the comparison too
+        raise ValueError(f"references: must be finite and within float32's range, got {r.tolist()!r}")
     mean = r.mean()
-    if not math.isfinite(float(mean)):  # a NaN or inf anywhere makes the mean non-finite
-        raise ValueError(f"references: must be finite, got {r.tolist()!r}")
     if r.numel() == 1:
-        return mean, _ONE32
+        return mean.to(torch.float32), _ONE32
     dev = r - mean
     std = torch.sqrt((dev * dev).mean())
-    # float32 comparison against float32 eps, as the reference does it at rollout time.
-    scale = _ONE32 if float(std) <= _EPS32_AS_FLOAT else std + _EPS32
-    return mean, scale
+    scale = _ONE32 if float(std) <= _ROLLOUT_EPS else (std + _ROLLOUT_EPS).to(torch.float32)
+    return mean.to(torch.float32), scale
 
 
 def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``(values - mean) / scale`` in float32; ``values`` is cast to float32 first.
+    """``(values - mean) / scale``, computed in float64 and returned as float32.
 
     Use it for each row reward and cached ``rewards`` tensor with the pair from
-    :func:`rollout_time_affine`. Returns a float32 tensor shaped like ``values``
-    (0-d for a Python number).
+    :func:`rollout_time_affine`. ``values`` is first rounded to float32 (the dtype
+    rewards have in a batch), so equal references give exactly 0. Returns a float32
+    tensor shaped like ``values`` (0-d for a Python number).
     """
-    v = torch.as_tensor(values).to(torch.float32)
-    return (v - mean.to(torch.float32)) / scale.to(torch.float32)
+    v = torch.as_tensor(values).to(torch.float32).to(_F64)
+    return ((v - mean.to(_F64)) / scale.to(_F64)).to(torch.float32)
 
 
 # --------------------------------------------------------------------------- public: advantages

@@ -36,8 +36,9 @@ def _join_one_row_dicts(items: Sequence[Any]) -> dict[str, Any] | None:
         return None
     ids = [d.get("input_ids") for d in items]
     widths = []
+    device = ids[0].device if type(ids[0]) is torch.Tensor else None
     for t in ids:
-        if type(t) is not torch.Tensor or t.ndim != 2 or t.shape[0] != 1:
+        if type(t) is not torch.Tensor or t.ndim != 2 or t.shape[0] != 1 or t.device != device:
             return None
         widths.append(t.shape[1])
     layout = _RowLayout(widths)
@@ -53,12 +54,12 @@ def _join_one_row_dicts(items: Sequence[Any]) -> dict[str, Any] | None:
         dtype = v0.dtype
         if v0.ndim == 2:
             for v, w in zip(values, widths):
-                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1, w):
+                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1, w) or v.device != device:
                     return None
             joined[key] = layout.place(values, PAD_VALUES.get(key, 0))
         elif v0.ndim == 1:
             for v in values:
-                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1,):
+                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1,) or v.device != device:
                     return None
             joined[key] = torch.cat(values)
         else:
@@ -136,6 +137,21 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
+def _check_one_device(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> None:
+    """Every item's input_ids on the first item's device (checked before validation,
+    which would otherwise fail on the foreign device with a raw torch error)."""
+    devices = []
+    for item in items:
+        ids = item.input_ids if isinstance(item, Trajectory) else item.get("input_ids")
+        devices.append(ids.device if isinstance(ids, torch.Tensor) else None)
+    for label, device in zip(labels, devices):
+        if device is not None and devices[0] is not None and device != devices[0]:
+            raise WorkflowContractError(
+                f"slot {label}: 'input_ids': every slot's tensors must be on one device; "
+                f"expected {devices[0]} (slot {labels[0]}), got {device}"
+            )
+
+
 def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
     """Join trajectories row-wise into one, right-padding every non-batch dimension.
 
@@ -162,6 +178,7 @@ def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> Trajec
             return Trajectory.from_dict(joined)
     except WorkflowContractError:
         pass  # the general path below finds the item that broke the rule and names it
+    _check_one_device(items, labels)
     trajs = [_as_trajectory(item, label) for item, label in zip(items, labels)]
     dicts = _tensor_dicts(trajs)
     keys = list(dicts[0])

@@ -11,16 +11,21 @@ import attrs
 
 from ._errors import WorkflowContractError
 
-__all__ = ["RolloutGroup", "as_reward_scalar"]
+__all__ = ["FLOAT32_MAX", "RolloutGroup", "as_reward_scalar"]
+
+#: The largest finite float32: rewards are float32 in training batches, so a reward
+#: beyond it would silently become an infinity there.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
     """``value`` as a Python float, if it is one finite real scalar.
 
     Accepts Python and NumPy reals and 0-d (or one-element 1-d) tensors and arrays;
-    rejects bools, NaN, infinities and anything else with :class:`WorkflowContractError`.
+    rejects bools, NaN, infinities, values float32 cannot hold and anything else with
+    :class:`WorkflowContractError`.
     """
-    if type(value) is float and math.isfinite(value):  # the common case, without ABC checks
+    if type(value) is float and -FLOAT32_MAX <= value <= FLOAT32_MAX:  # the common case, without ABC checks
         return value
     if isinstance(value, bool) or (hasattr(value, "dtype") and str(value.dtype) == "bool"):
         raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
@@ -39,6 +44,10 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
     out = float(value)
     if not math.isfinite(out):
         raise WorkflowContractError(f"{what}: rollout_reward must be finite, got {out!r}")
+    if abs(out) > FLOAT32_MAX:
+        raise WorkflowContractError(
+            f"{what}: must fit in float32 (|reward| <= {FLOAT32_MAX:.7g}), got {out!r}"
+        )
     return out
 
 

@@ -1,56 +1,93 @@
-"""Where group statistics go: a recorder a trainer reads and resets."""
+"""Where group statistics go: per key and scope aggregates a trainer reads and resets.
+
+Memory is O(keys): each ``"scope/name"`` keeps a count, sum, sum of squares, min and
+max, whatever the number of records, so a recorder nobody exports never grows.
+"""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 
 import attrs
 
-__all__ = ["StatsRecorder"]
+__all__ = ["StatSummary", "StatsRecorder"]
 
 
 @attrs.frozen
-class StatsRecord:
-    """One call of :meth:`StatsRecorder.record`: a scope and its scalars."""
+class StatSummary:
+    """The aggregate of every value recorded under one ``"scope/name"``."""
 
-    scope: str
-    values: Mapping[str, float]
+    count: int
+    total: float
+    sum_of_squares: float
+    min: float
+    max: float
+
+    @property
+    def mean(self) -> float:
+        """The average value."""
+        return self.total / self.count
+
+    @property
+    def std(self) -> float:
+        """The population standard deviation (from the sums, clamped at 0 against rounding)."""
+        return math.sqrt(max(self.sum_of_squares / self.count - self.mean**2, 0.0))
+
+
+class _Aggregate:
+    __slots__ = ("count", "max", "min", "sum_of_squares", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.sum_of_squares = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.sum_of_squares += value * value
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+    def summary(self) -> StatSummary:
+        return StatSummary(self.count, self.total, self.sum_of_squares, self.min, self.max)
 
 
 class StatsRecorder:
-    """Collects scalar statistics under scopes (``"rollout"``, ``"eval-rollout"``).
+    """Aggregates scalar statistics under scopes (``"rollout"``, ``"eval-rollout"``).
 
     Thread-safe, so a trainer on another thread can :meth:`export` while rollouts run.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: list[StatsRecord] = []
+        self._aggregates: dict[str, _Aggregate] = {}
 
     def record(self, scope: str, values: Mapping[str, float]) -> None:
-        """Append one record of ``values`` under ``scope``."""
-        rec = StatsRecord(scope, dict(values))
+        """Add ``values`` (one value per name) to the aggregates of ``scope``."""
+        items = [(f"{scope}/{name}", float(value)) for name, value in values.items()]
         with self._lock:
-            self._records.append(rec)
+            aggregates = self._aggregates
+            for key, value in items:
+                agg = aggregates.get(key)
+                if agg is None:
+                    agg = aggregates[key] = _Aggregate()
+                agg.add(value)
 
-    @property
-    def records(self) -> list[StatsRecord]:
-        """Every record so far, oldest first (a copy)."""
+    def summaries(self, *, reset: bool = False) -> dict[str, StatSummary]:
+        """Each ``"scope/name"``'s aggregate so far (and, with ``reset``, forget them)."""
         with self._lock:
-            return list(self._records)
+            aggregates = self._aggregates
+            if reset:
+                self._aggregates = {}
+            return {key: agg.summary() for key, agg in aggregates.items()}
 
     def export(self, *, reset: bool = True) -> dict[str, float]:
-        """The mean of each ``"scope/name"`` over the records, and (by default) forget them."""
-        with self._lock:
-            records = self._records
-            if reset:
-                self._records = []
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for rec in records:
-            for name, value in rec.values.items():
-                key = f"{rec.scope}/{name}"
-                sums[key] = sums.get(key, 0.0) + float(value)
-                counts[key] = counts.get(key, 0) + 1
-        return {key: sums[key] / counts[key] for key in sums}
+        """The mean of each ``"scope/name"``, and (by default) forget the aggregates."""
+        return {key: s.mean for key, s in self.summaries(reset=reset).items()}

@@ -5,14 +5,14 @@ Shapes and dtypes (B rows, L padded positions):
 ================  ===========  =====================================================
 key               shape        dtype
 ================  ===========  =====================================================
-input_ids         [B, L]       any integer (required)
-attention_mask    [B, L]       bool (required); integer 0/1 is cast to bool
+input_ids         [B, L]       any integer (required), L >= 1, all tensors on its device
+attention_mask    [B, L]       bool (required), a True in every row; integer 0/1 is cast
 loss_mask         [B, L]       any integer, values 0/1, 0 wherever attention is off
 logprobs          [B, L]       floating, finite, <= 0
-versions          [B, L]       any integer (-1 where no output token is)
-rewards           [B]          floating, finite
+versions          [B, L]       any integer, -1 wherever loss_mask is 0 (no output token)
+rewards           [B]          floating, finite, within float32's range
 is_truncated      [B]          bool
-original_rewards  [B]          floating, finite
+original_rewards  [B]          floating, finite, within float32's range
 rollout_reward    scalar       one finite real (Python, NumPy or 0-d tensor), never bool
 rollout_group     RolloutGroup row counts per logical rollout, summing to B
 ================  ===========  =====================================================
@@ -31,12 +31,12 @@ import attrs
 import torch
 
 from ._errors import WorkflowContractError
-from ._rollout_group import RolloutGroup, as_reward_scalar
+from ._rollout_group import FLOAT32_MAX, RolloutGroup, as_reward_scalar
 
 if TYPE_CHECKING:
     from ._io import ModelResponse
 
-__all__ = ["Trajectory", "check_trajectory_format"]
+__all__ = ["Trajectory"]
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
 ROW_KEYS = ("rewards", "is_truncated", "original_rewards")
@@ -110,6 +110,8 @@ def _validate_values(t: Trajectory, where: str) -> None:
         lo, hi = _bounds(value)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise _fail(where, key, "values must be finite", "finite values", "NaN or inf")
+        if key != "logprobs" and max(-lo, hi) > FLOAT32_MAX:
+            raise _fail(where, key, "rewards must fit in float32", f"|values| <= {FLOAT32_MAX:.7g}", f"min {lo}, max {hi}")
         if key == "logprobs" and hi > 1e-6:
             raise _fail(where, key, "log-probabilities must be <= 0", "values <= 0", f"max {hi}")
     if t.loss_mask is not None:
@@ -119,6 +121,16 @@ def _validate_values(t: Trajectory, where: str) -> None:
             raise _fail(where, "loss_mask", "values must be 0 or 1", "0/1", f"values {sorted(set(lm.unique().tolist()))[:5]}")
         if hi > 0 and bool(lm[~t.attention_mask].any()):
             raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
+        if t.versions is not None and bool(((lm == 0) & (t.versions != -1)).any()):
+            bad = t.versions[(lm == 0) & (t.versions != -1)]
+            raise _fail(
+                where, "versions", "must be -1 wherever loss_mask is 0 (no output token there)",
+                "-1 on prompt, context and padding", f"version {int(bad[0])} on a position with loss_mask 0",
+            )
+    if not bool(t.attention_mask.any(dim=1).all()):
+        empty = int((~t.attention_mask.any(dim=1)).nonzero()[0])
+        raise _fail(where, "attention_mask", "every row must attend to at least one position (a 0-length sequence is no rollout)",
+                    "a True position in each row", f"row {empty} with none")
 
 
 def _validate_fields(t: Trajectory, where: str = "") -> None:
@@ -128,6 +140,10 @@ def _validate_fields(t: Trajectory, where: str = "") -> None:
     rows, width = ids.shape
     if rows < 1:
         raise _fail(where, "input_ids", "must hold at least one row", "B >= 1", f"shape {tuple(ids.shape)}")
+    if width < 1:
+        raise _fail(where, "input_ids", "must hold at least one position (a 0-length sequence is no rollout)",
+                    "L >= 1", f"shape {tuple(ids.shape)}")
+    device = ids.device
     seq_shape, row_shape = (rows, width), (rows,)
     for key, kind, per_position in _TENSOR_KEYS:
         value = getattr(t, key)
@@ -140,6 +156,8 @@ def _validate_fields(t: Trajectory, where: str = "") -> None:
             ok = _DTYPE_OK[(kind, value.dtype)] = _dtype_ok(kind, value.dtype)
         if not ok:
             raise _fail(where, key, "wrong dtype", kind, str(value.dtype))
+        if value.device != device:
+            raise _fail(where, key, "must be on the same device as input_ids", str(device), str(value.device))
         expected_shape = seq_shape if per_position else row_shape
         if value.shape != expected_shape:
             raise _fail(where, key, "shape must match input_ids", f"shape {list(expected_shape)}", f"shape {list(value.shape)}")
@@ -177,7 +195,7 @@ def _extras(value: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _rollout_reward(value: Any) -> float | None:
-    return None if value is None else as_reward_scalar(value)
+    return None if value is None else as_reward_scalar(value, what="'rollout_reward'")
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -302,40 +320,6 @@ class Trajectory:
             rollout_reward=rollout_reward,
             extras=extras,
         )
-
-
-def check_trajectory_format(
-    data: Any,
-    *,
-    batch_size: int | None = None,
-    expected_keys: set[str] | None = None,
-) -> bool:
-    """Check a workflow result against the contract, for debugging custom workflows.
-
-    Returns True for ``None`` and for interaction dicts (checked when converted);
-    raises :class:`WorkflowContractError` naming the key and rule otherwise.
-    """
-    from ._interaction import Interaction
-
-    if data is None:
-        return True
-    if isinstance(data, Trajectory):
-        traj = data
-    else:
-        if not isinstance(data, Mapping):
-            raise WorkflowContractError(f"trajectory: expected None, a dict or a Trajectory, got {type(data).__name__}")
-        if not data:
-            raise WorkflowContractError("trajectory: the dict is empty; expected input_ids and attention_mask at least")
-        if all(isinstance(v, Interaction) for v in data.values()):
-            return True
-        traj = Trajectory.from_dict(data)
-    if batch_size is not None and traj.batch_size != batch_size:
-        raise WorkflowContractError(f"'input_ids': batch size mismatch; expected {batch_size} rows, got {traj.batch_size}")
-    if expected_keys is not None:
-        missing = sorted(set(expected_keys) - set(traj.to_dict()))
-        if missing:
-            raise WorkflowContractError(f"trajectory: keys {missing} are missing; expected {sorted(expected_keys)}")
-    return True
 
 
 # Every field but ``extras`` defaults to None (checked at import, used by ``_unchecked``).

@@ -27,10 +27,11 @@ import attrs
 import httpx
 
 from ._processor_cache import ProcessorCache
-from ._stats import StatsRecorder
+from ._stats import StatsRecorder, StatSummary
 
 __all__ = [
     "ProcessorCache",
+    "StatSummary",
     "StatsRecorder",
     "WorkflowContext",
     "get",

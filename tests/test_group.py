@@ -23,8 +23,9 @@ from .group_helpers import I, scripted, traj
 
 
 def stats_tuple(recorder):
-    (rec,) = recorder.records
-    v = rec.values
+    summaries = recorder.summaries()
+    assert {s.count for s in summaries.values()} == {1}  # one group recorded
+    v = {key.split("/", 1)[1]: s.total for key, s in summaries.items()}
     return (
         v["target_slot_count"], v["usable_slot_count"], v["trainable_slot_count"], bool(v["fully_masked_group"]),
         bool(v["singleton_slot_group"]), pytest.approx(v["pre_filter_usable_slot_yield"]),
@@ -110,7 +111,7 @@ async def test_case_7_drop_incomplete_group(caplog):
 async def test_case_8_empty_dict_is_unusable():
     out, _, rec = await run([{}, traj(1)])
     assert out.input_ids.tolist() == [[1]]
-    assert rec.records[0].values["usable_slot_count"] == 1
+    assert rec.export()["rollout/usable_slot_count"] == 1
 
 
 @pytest.mark.parametrize(
@@ -133,10 +134,10 @@ async def test_statistics_go_to_the_eval_scope_and_the_context_recorder():
     rec = StatsRecorder()
     with workflow_context.use_stats_recorder(rec), workflow_context.use(WorkflowContext(is_eval=True)):
         await run_group(scripted([traj(1), traj(2)]), ScriptedEngine(), {}, 2)
-    assert [r.scope for r in rec.records] == ["eval-rollout"]
+    assert {key.split("/")[0] for key in rec.summaries()} == {"eval-rollout"}
     exported = rec.export()
     assert exported["eval-rollout/usable_slot_count"] == 2 and exported["eval-rollout/pre_filter_trainable_slot_yield"] == 1
-    assert rec.records == []  # export() reset it
+    assert rec.summaries() == {}  # export() reset it
 
 
 # -- cases 9-16: rollout-time normalization ------------------------------------------------
@@ -177,7 +178,7 @@ async def test_case_12_duplicate_ids():
     rec = StatsRecorder()
     with pytest.raises(WorkflowContractError, match=r"must be unique: duplicate interaction IDs \['duplicate'\] in slots 0 and 1"):
         await run([{"duplicate": I(1.0)}, {"duplicate": I(2.0)}], rec)
-    assert rec.records == []
+    assert rec.summaries() == {}
 
 
 async def test_case_13_explicit_reference_required_then_used():

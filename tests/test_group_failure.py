@@ -6,7 +6,15 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_trio import GenerationConfig, GroupedRolloutWorkflow, ModelRequest, run_group, workflow_context
+from rollout_trio import (
+    GenerationConfig,
+    GroupedRolloutWorkflow,
+    GroupRolloutError,
+    ModelRequest,
+    RolloutError,
+    run_group,
+    workflow_context,
+)
 from rollout_trio.testing import ScriptedEngine
 from rollout_trio.workflow_context import StatsRecorder
 
@@ -181,3 +189,34 @@ async def test_groups_use_the_engine_through_requests_with_sampling_settings():
 
     out = await run_group(wf, ScriptedEngine(), {}, 3, stats=StatsRecorder())
     assert seen == [(6, 7)] * 3 and out.input_ids.tolist() == [[6], [6], [6]]
+
+
+# -- GroupRolloutError: a strict exception group that knows its group ---------------------
+
+
+async def test_slot_failures_raise_a_group_rollout_error_with_the_failing_slots():
+    results = [traj(1), KeyError("a"), traj(3), ValueError("b")]
+    with pytest.raises(GroupRolloutError) as info:
+        await run_group(scripted(results), ScriptedEngine(), {}, 4, stats=StatsRecorder())
+    err = info.value
+    assert isinstance(err, ExceptionGroup) and isinstance(err, RolloutError)
+    assert err.group_size == 4
+    assert sorted(zip(err.slots, map(type, err.exceptions)), key=lambda p: p[0]) == [(1, KeyError), (3, ValueError)]
+    for slot, exc in zip(err.slots, err.exceptions):
+        assert f"rollout_trio: raised in slot {slot} of a group of 4" in exc.__notes__
+
+
+async def test_except_star_splits_a_group_rollout_error_keeping_slots_and_size():
+    results = [ValueError("v"), traj(2), ExceptionGroup("inner", [KeyError("k"), ValueError("w")])]
+    caught = {}
+    try:
+        await run_group(scripted(results), ScriptedEngine(), {}, 3, stats=StatsRecorder())
+    except* KeyError as eg:
+        caught["key"] = eg
+    except* ValueError as eg:
+        caught["value"] = eg
+    assert type(caught["key"]) is GroupRolloutError and type(caught["value"]) is GroupRolloutError
+    assert (caught["key"].slots, caught["key"].group_size) == ((2,), 3)
+    assert sorted(caught["value"].slots) == [0, 2]
+    with pytest.RaisesGroup(ValueError, pytest.RaisesGroup(KeyError, ValueError)):
+        await run_group(scripted(results), ScriptedEngine(), {}, 3, stats=StatsRecorder())

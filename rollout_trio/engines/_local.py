@@ -249,6 +249,9 @@ class LocalEngine:
         finally:
             if not seq.done.is_set():
                 self._cancel(seq)
+        # The wake-up may share a scheduler round with the failure that cancelled this
+        # task (a sibling in its group): hand no result to an already cancelled scope.
+        await trio.lowlevel.checkpoint_if_cancelled()
         if scope.cancelled_caught:
             raise EngineTimeoutError(
                 f"LocalEngine: request {req.rid!r} ran past request_timeout={self._request_timeout} s"

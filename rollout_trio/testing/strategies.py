@@ -1,7 +1,7 @@
 """Hypothesis strategies for the rollout_trio contract, for testing your own workflows.
 
 Every value these strategies generate passes validation; :func:`corrupted_trajectory_dicts`
-generates dicts that break exactly one rule, with a description of the rule::
+generates dicts that break exactly one rule, with a description ``"<key>: <what>"``::
 
     from hypothesis import given
     from rollout_trio.testing import strategies as rst
@@ -21,11 +21,13 @@ from .._config import GenerationConfig
 from .._interaction import Interaction
 from .._io import ModelResponse
 from .._rollout_group import RolloutGroup
-from .._trajectory import Trajectory
+from .._trajectory import SEQUENCE_KEYS, Trajectory
 
 __all__ = [
+    "any_rewards",
     "corrupted_trajectory_dicts",
     "generation_configs",
+    "group_options",
     "interactions",
     "model_responses",
     "rewards",
@@ -41,6 +43,37 @@ FLOAT_DTYPES = (torch.float32, torch.float64)
 def rewards(*, min_value: float = -100.0, max_value: float = 100.0) -> st.SearchStrategy[float]:
     """Finite rewards exactly representable in float32 (so tensors round-trip)."""
     return st.floats(min_value, max_value, allow_nan=False, allow_infinity=False, width=32)
+
+
+#: Magnitudes where float32 arithmetic breaks: overflow of squares, float32's edge, subnormals.
+EDGE_MAGNITUDES = (1e20, 1e30, 3.4028234663852886e38, 3.5e38, 1e300, 1e-20, 1e-38, 1.4e-45, 5e-324)
+
+
+def any_rewards() -> st.SearchStrategy[float]:
+    """Any float a workflow might hand back as a reward: ordinary values, NaN, infinities,
+    magnitudes at and beyond float32's range, and tiny or subnormal ones."""
+    edges = st.sampled_from(EDGE_MAGNITUDES).flatmap(lambda m: st.sampled_from([m, -m]))
+    return st.one_of(rewards(), edges, st.floats(allow_nan=True, allow_infinity=True))
+
+
+def group_options(group_size: int) -> st.SearchStrategy[dict[str, Any]]:
+    """Valid :class:`~rollout_trio.GroupedRolloutWorkflow` options for ``group_size``
+    slots, with ``reward_normalization`` on or off."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> dict[str, Any]:
+        normalize = group_size > 1 and draw(st.booleans())
+        low = 2 if normalize else 1
+        opts: dict[str, Any] = {
+            "reward_normalization": normalize,
+            "drop_incomplete_group": draw(st.booleans()),
+            "min_usable_group_size": draw(st.integers(low, max(low, group_size))),
+        }
+        if normalize:
+            opts["reward_normalization_use_std"] = draw(st.booleans())
+        return opts
+
+    return build()
 
 
 def generation_configs() -> st.SearchStrategy[GenerationConfig]:
@@ -193,46 +226,65 @@ def _corruptions(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         del bad[key]
         out.append((desc, bad))
 
-    drop("missing input_ids", "input_ids")
-    drop("missing attention_mask", "attention_mask")
-    put("input_ids float", "input_ids", d["input_ids"].float())
-    put("input_ids 1-D", "input_ids", d["input_ids"][0])
-    put("input_ids list", "input_ids", d["input_ids"].tolist())
-    put("input_ids negative", "input_ids", torch.full_like(d["input_ids"], -1))
-    put("attention_mask float", "attention_mask", d["attention_mask"].float())
-    put("attention_mask 2s", "attention_mask", d["attention_mask"].long() * 2)
-    put("attention_mask shape", "attention_mask", torch.ones(rows, width + 1, dtype=torch.bool))
+    drop("input_ids: missing", "input_ids")
+    drop("attention_mask: missing", "attention_mask")
+    put("input_ids: float", "input_ids", d["input_ids"].float())
+    put("input_ids: 1-D", "input_ids", d["input_ids"][0])
+    put("input_ids: list", "input_ids", d["input_ids"].tolist())
+    put("input_ids: negative", "input_ids", torch.full_like(d["input_ids"], -1))
+    empty = dict(d)
+    for key in SEQUENCE_KEYS:
+        if key in d:
+            empty[key] = d[key][:, :0]
+    out.append(("input_ids: 0-length sequences", empty))
+    put("attention_mask: float", "attention_mask", d["attention_mask"].float())
+    put("attention_mask: 2s", "attention_mask", d["attention_mask"].long() * 2)
+    put("attention_mask: shape", "attention_mask", torch.ones(rows, width + 1, dtype=torch.bool))
+    put("attention_mask: on another device", "attention_mask", d["attention_mask"].to("meta"))
+    nowhere = dict(d)
+    nowhere["attention_mask"] = d["attention_mask"].clone()
+    nowhere["attention_mask"][0] = False
+    for key, pad in (("loss_mask", 0), ("versions", -1)):
+        if key in d:
+            nowhere[key] = d[key].clone()
+            nowhere[key][0] = pad
+    out.append(("attention_mask: a row attending nowhere", nowhere))
     for key in ("loss_mask", "versions"):
         if key in d:
-            put(f"{key} float", key, d[key].float())
-            put(f"{key} shape", key, d[key][:, :-1] if width > 1 else d[key][:-1])
+            put(f"{key}: float", key, d[key].float())
+            put(f"{key}: shape", key, d[key][:, :-1] if width > 1 else d[key][:-1])
     if "loss_mask" in d:
-        put("loss_mask value 2", "loss_mask", torch.full_like(d["loss_mask"], 2))
+        put("loss_mask: value 2", "loss_mask", torch.full_like(d["loss_mask"], 2))
+    if "loss_mask" in d and "versions" in d:
+        # Every generated row has a prompt, so some position has loss_mask 0.
+        put("versions: a version where loss_mask is 0", "versions", torch.where(d["loss_mask"] == 0, 5, d["versions"]))
     if "logprobs" in d:
-        put("logprobs int", "logprobs", d["logprobs"].long())
-        put("logprobs positive", "logprobs", torch.ones_like(d["logprobs"]))
-        put("logprobs nan", "logprobs", torch.full_like(d["logprobs"], float("nan")))
+        put("logprobs: int", "logprobs", d["logprobs"].long())
+        put("logprobs: positive", "logprobs", torch.ones_like(d["logprobs"]))
+        put("logprobs: nan", "logprobs", torch.full_like(d["logprobs"], float("nan")))
     if "rewards" in d:
-        put("rewards 0-d", "rewards", d["rewards"][0])
-        put("rewards 2-D", "rewards", d["rewards"][:, None])
-        put("rewards int", "rewards", d["rewards"].long())
-        put("rewards inf", "rewards", torch.full_like(d["rewards"], float("inf")))
+        put("rewards: 0-d", "rewards", d["rewards"][0])
+        put("rewards: 2-D", "rewards", d["rewards"][:, None])
+        put("rewards: int", "rewards", d["rewards"].long())
+        put("rewards: inf", "rewards", torch.full_like(d["rewards"], float("inf")))
+        put("rewards: beyond float32", "rewards", torch.full(d["rewards"].shape, 1e39, dtype=torch.float64))
     if "is_truncated" in d:
-        put("is_truncated int", "is_truncated", d["is_truncated"].long())
-        put("is_truncated shape", "is_truncated", torch.zeros(rows + 1, dtype=torch.bool))
-    put("rollout_reward bool", "rollout_reward", True)
-    put("rollout_reward nan", "rollout_reward", float("nan"))
-    put("rollout_reward vector", "rollout_reward", torch.zeros(2))
-    put("rollout_reward str", "rollout_reward", "1.0")
-    put("rollout_group wrong rows", "rollout_group", RolloutGroup((rows + 1,)))
-    put("extra tensor rows", "extra_tensor", torch.zeros(rows + 1))
-    put("extra list rows", "extra_list", list(range(rows + 1)))
+        put("is_truncated: int", "is_truncated", d["is_truncated"].long())
+        put("is_truncated: shape", "is_truncated", torch.zeros(rows + 1, dtype=torch.bool))
+    put("rollout_reward: bool", "rollout_reward", True)
+    put("rollout_reward: nan", "rollout_reward", float("nan"))
+    put("rollout_reward: beyond float32", "rollout_reward", -1e39)
+    put("rollout_reward: vector", "rollout_reward", torch.zeros(2))
+    put("rollout_reward: str", "rollout_reward", "1.0")
+    put("rollout_group: wrong rows", "rollout_group", RolloutGroup((rows + 1,)))
+    put("extra_tensor: rows", "extra_tensor", torch.zeros(rows + 1))
+    put("extra_list: rows", "extra_list", list(range(rows + 1)))
     return out
 
 
 @st.composite
 def corrupted_trajectory_dicts(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
-    """A valid trajectory dict with exactly one rule broken, and what was broken."""
+    """A valid trajectory dict with exactly one rule broken, and ``"<key>: <what was broken>"``."""
     valid = draw(trajectories()).to_dict()
     valid.pop("rollout_group", None)  # keep rollout_reward corruptions unambiguous
     return draw(st.sampled_from(_corruptions(valid)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -11,7 +11,9 @@ from .. import workflow_context
 from .._config import GenerationConfig
 from .._io import ModelRequest
 from .._trajectory import Trajectory
-from ..engines import InferenceEngine
+
+if TYPE_CHECKING:
+    from ..engines import InferenceEngine
 
 __all__ = ["RewardFn", "rlvr_workflow"]
 
