@@ -190,6 +190,20 @@ class _Segments:
                 torch.arange(len(sizes), device=x.device), torch.tensor(sizes, device=x.device)
             )
         self._shape = (rows,) + (1,) * (x.ndim - 1)  # a per-row value, broadcastable over x
+        self._sizes = sizes
+        self._numel_per_row = x[0].numel() if rows else 0
+        self._dtype, self._device = x.dtype, x.device
+
+    def elements(self, m: torch.Tensor | None) -> torch.Tensor:
+        """Elements counted per group (masked ones only), gathered back per row."""
+        if m is not None:
+            return self.total(m)
+        if self._sizes is None:  # known without a reduction
+            n = float(self._numel_per_row * self._shape[0])
+            return torch.full((1,) * len(self._shape), n, dtype=self._dtype, device=self._device)
+        per_group = torch.tensor(self._sizes, dtype=self._dtype, device=self._device) * self._numel_per_row
+        assert self.row_group is not None
+        return per_group[self.row_group].reshape(self._shape)
 
     def total(self, v: torch.Tensor) -> torch.Tensor:
         """Sum of ``v`` over each group, gathered back to one value per row (broadcastable)."""
@@ -207,7 +221,7 @@ class _Segments:
 
 def _mean(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, leave_one_out: bool) -> torch.Tensor:
     """Per-element baseline over each group (masked by ``m``), shaped like ``x``."""
-    n = seg.total(torch.ones_like(x) if m is None else m)
+    n = seg.elements(m)
     total = seg.total(x if m is None else x * m)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if leave_one_out:
@@ -222,7 +236,7 @@ def _mean(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, leave_one_out
 def _std(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, base: torch.Tensor, unbiased: bool) -> torch.Tensor:
     """Std of each group around the per-element ``base``; 1 where it is undefined."""
     dev = x - base
-    n = seg.total(torch.ones_like(x) if m is None else m)
+    n = seg.elements(m)
     if m is not None:
         dev = dev * m
     r = seg.total(dev * dev)
@@ -545,7 +559,9 @@ def normalize_rewards(
     if x.ndim != 1:
         raise ValueError(f"rewards: must be 1-D (one reward per row), got shape {tuple(x.shape)}")
     x = x.to(_F64)
-    if not bool(torch.isfinite(x).all()):
+    # A sum is finite when every term is (the elementwise check runs only if it is not,
+    # which overflow alone can also cause).
+    if not math.isfinite(float(x.sum())) and not bool(torch.isfinite(x).all()):
         raise ValueError("rewards: must be finite")
     unp: torch.Tensor | None = None
     if unpenalized is not None:
@@ -559,6 +575,8 @@ def normalize_rewards(
     clip = float(reward_clip)
 
     def transform(v: torch.Tensor) -> torch.Tensor:
+        if bias == 0.0 and scaling == 1.0 and clip == math.inf:
+            return v
         return ((v + bias) * scaling).clamp(min=-clip, max=clip)
 
     scores = transform(x)
