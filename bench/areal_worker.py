@@ -51,7 +51,7 @@ class Episode(A.RolloutWorkflow):
         return work.six_tensors(resp.input_tokens, resp.output_tokens, resp.output_logprobs, resp.output_versions)
 
 
-def group(g: int, norm: bool, episodes: int) -> dict[str, Any]:
+def group(g: int, norm: bool, episodes: int, profile: bool = False) -> dict[str, Any]:
     groups = max(1, episodes // g)
     wf = A.GroupedRolloutWorkflow(Episode(), g, log)
     normalize = A.Normalization(A.NormConfig(mean_level="group", std_level="group", group_size=g)) if norm else None
@@ -67,6 +67,8 @@ def group(g: int, norm: bool, episodes: int) -> dict[str, Any]:
             assert batch["input_ids"].shape[0] == g
         return groups * g / (time.perf_counter() - start)
 
+    if profile:
+        return work.profiled(lambda: uvloop.run(main()))
     return {"rate": uvloop.run(main())}
 
 

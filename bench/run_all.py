@@ -282,6 +282,7 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure"], help="run only these sections")
     p.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5, quick 2)")
     p.add_argument("--out", type=Path, help="result file (default bench/results/<date>[-quick].json)")
+    p.add_argument("--profile", type=int, metavar="G", help="profile one group measurement at G on both sides, then stop")
     args = p.parse_args()
     quick = args.quick
     rounds = args.rounds or (2 if quick else 5)
@@ -289,6 +290,15 @@ def main() -> int:
     torch.set_num_threads(1)
 
     areal = Areal(areal_env.ensure())
+    if args.profile:
+        episodes = 512 if quick else 4096
+        g = args.profile
+        ours = work.profiled(lambda: ours_group(g, False, episodes))
+        theirs = areal("group", g=g, norm=False, episodes=episodes, profile=True)
+        areal.close()
+        for name, r in (("rollout_trio", ours), (f"AReaL {areal.info['areal']}", theirs)):
+            print(f"== {name}: {r['rate']:,.0f} episodes/s under cProfile, G={g}\n{r['profile']}")
+        return 0
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": "quick" if quick else "default",

@@ -7,6 +7,8 @@ in AReaL's environment), so the episodes, rewards and requests are identical.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -68,6 +70,19 @@ def rewards(n: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     r = torch.rand(n, generator=gen)
     return torch.where(r < 0.5, (r < 0.2).float(), r).to(torch.float32)
+
+
+def profiled(run: Callable[[], float], top: int = 25) -> dict[str, Any]:
+    """``run()`` under cProfile: its rate and the ``top`` functions by own time, as text."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    rate = prof.runcall(run)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).strip_dirs().sort_stats("tottime").print_stats(top)
+    return {"rate": rate, "profile": out.getvalue()}
 
 
 def serve_fixed(port_file: str) -> None:
