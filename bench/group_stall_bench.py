@@ -4,13 +4,17 @@ A trio.abc.Instrument times every task step (``before_task_step`` to
 ``after_task_step``); the longest step is the longest time no other task could run.
 Each slot of a group of G rollouts returns the usual six tensors for a sequence of
 L tokens (prompt 512, the rest output); the group is merged and its rewards
-normalized. A ticker task records how late it wakes, which is what a concurrent
-group or HTTP client would see.
+normalized. The longest step is how late any other task (a concurrent group, an
+HTTP client) could be woken.
 
 Baseline, in the same process: the same assembly called directly on the Trio thread
 (``assemble_group``, what ``_group.py`` did before it moved to a worker thread).
 
 Run: python bench/group_stall_bench.py [--slots 16] [--tokens 32768] [--repeats 5]
+
+Known: the process may abort at exit ("terminate called without an active exception")
+when it ends within milliseconds of a worker-thread assembly: Python ends the idle
+Trio worker thread with pthread_exit while it still holds torch thread-local state.
 """
 
 from __future__ import annotations

@@ -42,5 +42,41 @@ from ._workflow import resolve_workflow as resolve_workflow
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "AgentWorkflow",
+    "EngineConnectError",
+    "EngineError",
+    "EngineProtocolError",
+    "EngineServerError",
+    "EngineTimeoutError",
+    "GenerationConfig",
+    "GroupRolloutError",
+    "GroupStatistics",
+    "GroupedRolloutWorkflow",
+    "Interaction",
+    "ModelRequest",
+    "ModelResponse",
+    "NormConfig",
+    "RolloutError",
+    "RolloutGroup",
+    "RolloutWorkflow",
+    "Trajectory",
+    "UnsupportedRequestError",
+    "VersionMismatchError",
+    "WorkflowContractError",
+    "check_trajectory_format",
+    "concat_trajectories",
+    "converter",
+    "from_json",
+    "interactions_to_trajectory",
+    "normalize_advantages",
+    "normalize_rewards",
+    "resolve_workflow",
+    "run_group",
+    "split_trajectories",
+    "to_json",
+    "workflow_context",
+]
+
 _fixup_module_metadata(__name__, globals())
 del _fixup_module_metadata

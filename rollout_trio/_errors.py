@@ -85,7 +85,7 @@ class UnsupportedRequestError(EngineError, ValueError):
     """The engine cannot honour a setting of the request and refuses rather than ignore it."""
 
 
-class GroupRolloutError(ExceptionGroup[Exception], RolloutError):  # type: ignore[misc]
+class GroupRolloutError(ExceptionGroup[Exception], RolloutError):
     """One or more slots of a group raised; the others were cancelled.
 
     ``exceptions[k]`` is what slot ``slots[k]`` raised (also noted on it);

@@ -36,7 +36,7 @@ class ProcessorCache:
                 raise trio.ClosedResourceError("the group's processor cache is closed")
             if key in self._values:
                 await trio.lowlevel.checkpoint()
-                return self._values[key]  # type: ignore[no-any-return]
+                return self._values[key]
             event = self._pending.get(key)
             if event is None:
                 break

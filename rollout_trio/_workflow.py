@@ -44,7 +44,7 @@ class FunctionWorkflow(RolloutWorkflow):
         self.kwargs = kwargs
 
     async def arun_episode(self, engine: InferenceEngine, data: Any) -> WorkflowResult:
-        return await self.fn(engine, data, **self.kwargs)  # type: ignore[call-arg]
+        return await self.fn(engine, data, **self.kwargs)
 
     def __repr__(self) -> str:
         return f"FunctionWorkflow({getattr(self.fn, '__qualname__', self.fn)!r})"

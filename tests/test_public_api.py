@@ -36,3 +36,67 @@ def test_package_is_typed():
     from importlib.resources import files
 
     assert files("rollout_trio").joinpath("py.typed").is_file()
+
+
+# -- issue 11 item 17: __all__, __module__ of the subpackages, dependencies ---------------
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tomllib  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def test_root_all_lists_exactly_the_public_names():
+    public = {
+        name for name, value in vars(rollout_trio).items()
+        if not name.startswith("_") and (not inspect.ismodule(value) or name == "workflow_context")
+    }
+    assert sorted(rollout_trio.__all__) == sorted(public)
+
+
+@pytest.mark.parametrize("package", ["engines", "server", "testing", "workflows"])
+def test_subpackage_names_report_their_public_module(package):
+    mod = __import__(f"rollout_trio.{package}", fromlist=["__all__"])
+    checked = 0
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert obj.__module__ == f"rollout_trio.{package}", name
+            assert obj.__qualname__ == name
+            checked += 1
+    assert checked >= 1
+
+
+def test_hypothesis_and_pytest_are_not_runtime_dependencies():
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    runtime = " ".join(project["dependencies"])
+    assert "hypothesis" not in runtime and "pytest" not in runtime
+    assert "tqdm" in runtime  # the progress bar of `rollout-trio run`
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("hypothesis") for d in extras["testing"])
+    assert {"pytest", "pytest-trio", "hypothesis"} <= {d.split(">")[0].split("=")[0] for d in extras["test"]}
+
+
+def test_the_package_imports_without_test_tools_and_strategies_name_the_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['hypothesis'] = None\n"
+        "import rollout_trio, rollout_trio.testing, rollout_trio.engines\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('pytest', 'pytest_trio', '_pytest')]\n"
+        "try:\n"
+        "    import rollout_trio.testing.strategies\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'rollout-trio[testing]'" in out.stdout
+
+
+def test_a_hanging_test_dumps_its_stacks(pytestconfig):
+    """faulthandler_timeout is set, so a test that hangs prints every thread's stack."""
+    assert float(pytestconfig.getini("faulthandler_timeout")) > 0

@@ -7,3 +7,18 @@ from ._protocol import WeightsSource as WeightsSource
 from ._remote import RemoteEngine as RemoteEngine
 from ._remote_http import RetryPolicy as RetryPolicy
 from ._transport import TrioTransport as TrioTransport
+
+__all__ = [
+    "InferenceEngine",
+    "LocalEngine",
+    "LocalEngineStatistics",
+    "RemoteEngine",
+    "RetryPolicy",
+    "TrioTransport",
+    "WeightsSource",
+]
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

@@ -10,3 +10,8 @@ from ._http import Response as Response
 from ._sglang_app import SGLangApp as SGLangApp
 
 __all__ = ["HttpServer", "Request", "Response", "SGLangApp"]
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

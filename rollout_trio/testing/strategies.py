@@ -15,7 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import strategies as st
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "rollout_trio.testing.strategies needs Hypothesis, which is an extra: "
+        "pip install 'rollout-trio[testing]'"
+    ) from exc
 
 from .._config import GenerationConfig
 from .._interaction import Interaction
@@ -182,7 +189,7 @@ def trajectories(
 
 
 @st.composite
-def trajectory_groups(draw: st.DrawFn, *, min_size: int = 1, max_size: int = 4, **kwargs: Any) -> list[Trajectory]:
+def trajectory_groups(draw: st.DrawFn, /, *, min_size: int = 1, max_size: int = 4, **kwargs: Any) -> list[Trajectory]:
     """Lists of trajectories that can be joined: same keys and dtypes, as slots of one group produce."""
     with_optional = draw(st.booleans())
     idt = draw(st.sampled_from(INT_DTYPES))
