@@ -64,38 +64,38 @@ def _slab_layer_class() -> type:
             self.value_slab: torch.Tensor | None = None
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if not self.is_initialized or self.keys is None or self.keys.numel() == 0:
+            keys, values = self.keys, self.values
+            if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
                 return super().update(key_states, value_states, *args, **kwargs)
-            used, new = self.keys.shape[-2], key_states.shape[-2]
-            if not _backs(self.key_slab, self.keys) or used + new > self.key_slab.shape[-2]:
-                self.key_slab = _into_slab(self.keys, used + new + _headroom(used + new))
-                self.value_slab = _into_slab(self.values, used + new + _headroom(used + new))
-            assert self.key_slab is not None and self.value_slab is not None
-            rows = self.keys.shape[0]
-            self.key_slab[:rows, :, used : used + new] = key_states
-            self.value_slab[:rows, :, used : used + new] = value_states
-            self.keys = self.key_slab[:rows, :, : used + new]
-            self.values = self.value_slab[:rows, :, : used + new]
+            used, new = keys.shape[-2], key_states.shape[-2]
+            key_slab, value_slab = self.key_slab, self.value_slab
+            if key_slab is None or value_slab is None or not _backs(key_slab, keys) or used + new > key_slab.shape[-2]:
+                key_slab = self.key_slab = _into_slab(keys, used + new + _headroom(used + new))
+                value_slab = self.value_slab = _into_slab(values, used + new + _headroom(used + new))
+            rows = keys.shape[0]
+            key_slab[:rows, :, used : used + new] = key_states
+            value_slab[:rows, :, used : used + new] = value_states
+            self.keys = key_slab[:rows, :, : used + new]
+            self.values = value_slab[:rows, :, : used + new]
             return self.keys, self.values
 
         def select(self, rows: torch.Tensor, cols: torch.Tensor | None) -> None:
             """Keep ``rows`` (and ``cols`` of the sequence dimension), compacted into the
             same slabs: no new slab, so the next update writes in place again."""
-            if self.keys is None or self.keys.numel() == 0:
+            keys, values = self.keys, self.values
+            if keys is None or values is None or keys.numel() == 0:
                 return
-            self.keys, self.values = (
-                _select_into(slab, kv, rows, cols)
-                for slab, kv in ((self.key_slab, self.keys), (self.value_slab, self.values))
-            )
+            self.keys = _select_into(self.key_slab, keys, rows, cols)
+            self.values = _select_into(self.value_slab, values, rows, cols)
 
         def held_bytes(self) -> int:
             """Bytes held by this layer (slabs, spare columns included)."""
-            if self.keys is None:
+            keys, values = self.keys, self.values
+            if keys is None or values is None:
                 return 0
-            if _backs(self.key_slab, self.keys):
-                assert self.key_slab is not None and self.value_slab is not None
+            if self.key_slab is not None and self.value_slab is not None and _backs(self.key_slab, keys):
                 return self.key_slab.nbytes + self.value_slab.nbytes
-            return self.keys.nbytes + self.values.nbytes
+            return keys.nbytes + values.nbytes
 
     return SlabLayer
 
