@@ -253,7 +253,9 @@ def _baseline_std(
     sizes: list[int] | None,
     member_counts: list[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-element baseline and std (float64, broadcastable to ``x``); std is 1 without a std level."""
+    """Per-element baseline (shaped like ``x``) and std (float64, broadcastable to ``x``:
+    one value per row or per batch, so arithmetic on it stays small); std is 1 without a
+    std level."""
     loo = config.leave_one_out
     groups = _Segments(x, sizes) if config.uses_group_level else None
     # A group of one logical rollout: under leave-one-out it is its own baseline (output 0),
@@ -272,7 +274,7 @@ def _baseline_std(
             assert single is not None
             mean = torch.where(single, x, mean)
     if config.std_level is None:
-        std = torch.ones_like(x)
+        std = torch.ones((1,) * x.ndim, dtype=x.dtype, device=x.device)
     else:
         seg = groups if config.std_level == "group" else _Segments(x, None)
         assert seg is not None
@@ -280,7 +282,7 @@ def _baseline_std(
         if config.std_level == "group" and config.std_unbiased:
             assert single is not None
             std = torch.where(single, torch.ones((), dtype=std.dtype), std)
-    return mean, std.expand_as(x)
+    return mean, std
 
 
 # --------------------------------------------------------------------------- public: building blocks
@@ -624,7 +626,8 @@ def normalize_rewards(
         raise WorkflowContractError(f"rollout_reward: {where}: {detail}. {_SPLIT_ROWS_MESSAGE}")
 
     mean, std = _baseline_std(transform(reference), None, config, sizes, None)
-    return ((scores - mean[member]) / _divisor(std, config)[member]).to(torch.float32)
+    divisor = _divisor(std, config).expand(reference.shape)
+    return ((scores - mean[member]) / divisor[member]).to(torch.float32)
 
 
 def _divisor(std: torch.Tensor, config: NormConfig) -> torch.Tensor:
