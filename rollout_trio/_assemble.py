@@ -79,13 +79,15 @@ def _is_interaction_dict(result: Any) -> bool:
 
 def is_usable(result: Any) -> bool:
     """Whether a slot result counts as a rollout (anything but ``None`` and ``{}``)."""
+    if type(result) is dict:  # the common case, without the Mapping ABC check
+        return len(result) > 0
     return result is not None and not (isinstance(result, Mapping) and len(result) == 0)
 
 
 def _kind(result: Any, slot: int) -> SlotKind:
     if isinstance(result, Trajectory):
         return "tensor"
-    if isinstance(result, Mapping):
+    if type(result) is dict or isinstance(result, Mapping):
         # Only usable (non-empty) results get here; a tensor dict is told by its first value.
         first = next(iter(result.values()))
         return "interaction" if isinstance(first, Interaction) and _is_interaction_dict(result) else "tensor"

@@ -11,7 +11,7 @@ import attrs
 
 from ._config import GenerationConfig
 from ._errors import WorkflowContractError
-from ._validate import int_list, is_int, is_real, rule
+from ._validate import int_list, is_int, is_real, only_type, rule
 
 __all__ = ["ModelRequest", "ModelResponse", "StopReason"]
 
@@ -59,7 +59,7 @@ class ModelRequest:
 
 
 def _version_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if all(type(v) is int for v in value):
+    if not value or only_type(value, int):
         return
     for i, v in enumerate(value):
         if not is_int(v):
@@ -70,7 +70,7 @@ def _version_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
 
 def _logprob_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     # Fast path: plain finite floats <= 0 (the sum is finite only if every term is).
-    if all(type(v) is float for v in value) and (not value or (max(value) <= 1e-6 and math.isfinite(sum(value)))):
+    if not value or (only_type(value, float) and max(value) <= 1e-6 and math.isfinite(sum(value))):
         return
     for i, v in enumerate(value):
         if not is_real(v) or v > 1e-6:

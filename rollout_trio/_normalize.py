@@ -148,10 +148,8 @@ def _finite_real(name: str, value: Any) -> float:
     return float(value)
 
 
-def _group_bounds(
-    n: int, config: NormConfig, group_sizes: Sequence[int] | None, *, what: str
-) -> list[tuple[int, int]] | None:
-    """Row ranges of the groups, or None when no level is per group (sizes still checked)."""
+def _group_sizes(n: int, config: NormConfig, group_sizes: Sequence[int] | None, *, what: str) -> list[int] | None:
+    """Sizes of the contiguous groups, or None when no level is per group (sizes still checked)."""
     if group_sizes is not None:
         sizes = _positive_ints("group_sizes", group_sizes)
         if sum(sizes) != n:
@@ -167,89 +165,123 @@ def _group_bounds(
         sizes = [config.group_size] * (n // config.group_size)
     else:
         return None
-    if not config.uses_group_level:
-        return None
-    bounds = []
-    start = 0
-    for size in sizes:
-        bounds.append((start, start + size))
-        start += size
-    return bounds
+    return sizes if config.uses_group_level else None
 
 
 # --------------------------------------------------------------------------- statistics core
+#
+# Statistics are segment reductions: per-row sums (over any trailing dims) are added into
+# their group's bucket with one ``index_add_``, then gathered back per row. One pass per
+# statistic whatever the number of groups; a level of "batch" is one bucket.
 
 
-def _mean(x: torch.Tensor, m: torch.Tensor | None, leave_one_out: bool) -> torch.Tensor:
-    """Per-element baseline over all of ``x`` (masked by ``m``), shaped like ``x``."""
-    if m is None:
-        n = float(x.numel())
-        total = x.sum()
-    else:
-        n = float(m.sum().item())
-        total = (x * m).sum()
+class _Segments:
+    """Rows of ``x`` (dim 0) assigned to contiguous groups; ``sizes=None`` means one group."""
+
+    def __init__(self, x: torch.Tensor, sizes: list[int] | None) -> None:
+        rows = x.shape[0]
+        self.count = 1 if sizes is None else len(sizes)
+        if sizes is None:
+            self.row_group: torch.Tensor | None = None
+        elif all(s == sizes[0] for s in sizes):
+            self.row_group = torch.arange(rows, device=x.device) // sizes[0]
+        else:
+            self.row_group = torch.repeat_interleave(
+                torch.arange(len(sizes), device=x.device), torch.tensor(sizes, device=x.device)
+            )
+        self._shape = (rows,) + (1,) * (x.ndim - 1)  # a per-row value, broadcastable over x
+        self._sizes = sizes
+        self._numel_per_row = x[0].numel() if rows else 0
+        self._dtype, self._device = x.dtype, x.device
+
+    def elements(self, m: torch.Tensor | None) -> torch.Tensor:
+        """Elements counted per group (masked ones only), gathered back per row."""
+        if m is not None:
+            return self.total(m)
+        if self._sizes is None:  # known without a reduction
+            n = float(self._numel_per_row * self._shape[0])
+            return torch.full((1,) * len(self._shape), n, dtype=self._dtype, device=self._device)
+        per_group = torch.tensor(self._sizes, dtype=self._dtype, device=self._device) * self._numel_per_row
+        assert self.row_group is not None
+        return per_group[self.row_group].reshape(self._shape)
+
+    def total(self, v: torch.Tensor) -> torch.Tensor:
+        """Sum of ``v`` over each group, gathered back to one value per row (broadcastable)."""
+        per_row = v.reshape(v.shape[0], -1).sum(dim=1) if v.ndim > 1 else v
+        if self.row_group is None:
+            return per_row.sum().reshape((1,) * v.ndim)
+        sums = torch.zeros(self.count, dtype=v.dtype, device=v.device).index_add_(0, self.row_group, per_row)
+        return sums[self.row_group].reshape(self._shape)
+
+    def per_row(self, values: list[int]) -> torch.Tensor:
+        """One integer per group, gathered back to one value per row (broadcastable)."""
+        t = torch.tensor(values, dtype=torch.long)
+        return t.reshape((1,) * len(self._shape)) if self.row_group is None else t[self.row_group].reshape(self._shape)
+
+
+def _mean(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, leave_one_out: bool) -> torch.Tensor:
+    """Per-element baseline over each group (masked by ``m``), shaped like ``x``."""
+    n = seg.elements(m)
+    total = seg.total(x if m is None else x * m)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if leave_one_out:
-        if n <= 1:
-            return torch.zeros_like(x)
         if m is None:
-            return (total - x) / (n - 1)
-        loo = (total - x * m) / torch.clamp(n - m, min=1.0)
-        return torch.where(m > 0, loo, total / n)
-    if n == 0:
-        return torch.zeros_like(x)
-    return (total / n).expand_as(x).clone()
+            loo = (total - x) / (n - 1)
+        else:
+            loo = torch.where(m > 0, (total - x * m) / torch.clamp(n - m, min=1.0), total / n)
+        return torch.where(n <= 1, zero, loo).expand_as(x)
+    return torch.where(n == 0, zero, total / n).expand_as(x)
 
 
-def _std(x: torch.Tensor, m: torch.Tensor | None, base: torch.Tensor, unbiased: bool) -> torch.Tensor:
-    """Std of ``x`` around the per-element ``base`` (0-d); 1 where it is undefined."""
+def _std(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, base: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """Std of each group around the per-element ``base``; 1 where it is undefined."""
     dev = x - base
-    if m is None:
-        n = float(x.numel())
-    else:
-        n = float(m.sum().item())
+    n = seg.elements(m)
+    if m is not None:
         dev = dev * m
-    r = (dev * dev).sum()
+    r = seg.total(dev * dev)
+    one = torch.ones((), dtype=x.dtype, device=x.device)
     if unbiased:
-        return torch.ones_like(r) if n <= 1 else torch.sqrt(r / (n - 1))
-    return torch.ones_like(r) if n == 0 else torch.sqrt(r / n)
+        return torch.where(n <= 1, one, torch.sqrt(r / (n - 1)))
+    return torch.where(n == 0, one, torch.sqrt(r / n))
 
 
 def _baseline_std(
     x: torch.Tensor,
     m: torch.Tensor | None,
     config: NormConfig,
-    bounds: list[tuple[int, int]] | None,
+    sizes: list[int] | None,
     member_counts: list[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-element baseline and std (float64, shaped like ``x``); std is 1 without a std level."""
+    """Per-element baseline (shaped like ``x``) and std (float64, broadcastable to ``x``:
+    one value per row or per batch, so arithmetic on it stays small); std is 1 without a
+    std level."""
     loo = config.leave_one_out
-    if config.mean_level == "batch":
-        mean = _mean(x, m, loo)
-    elif config.mean_level == "group":
-        assert bounds is not None
+    groups = _Segments(x, sizes) if config.uses_group_level else None
+    # A group of one logical rollout: under leave-one-out it is its own baseline (output 0),
+    # and an unbiased std of one member is 1.
+    single = None
+    if groups is not None and ((loo and config.mean_level == "group") or config.std_unbiased):
+        assert sizes is not None
+        single = groups.per_row(member_counts if member_counts is not None else sizes) == 1
+    if config.mean_level is None:
         mean = torch.zeros_like(x)
-        for i, (a, b) in enumerate(bounds):
-            count = member_counts[i] if member_counts is not None else b - a
-            sm = None if m is None else m[a:b]
-            # A singleton has no peer to leave out: it is its own baseline (output 0).
-            mean[a:b] = x[a:b] if count == 1 and loo else _mean(x[a:b], sm, loo)
     else:
-        mean = torch.zeros_like(x)
-
-    if config.std_level == "batch":
-        std = _std(x, m, mean, config.std_unbiased).expand_as(x).clone()
-    elif config.std_level == "group":
-        assert bounds is not None
-        std = torch.empty_like(x)
-        for i, (a, b) in enumerate(bounds):
-            count = member_counts[i] if member_counts is not None else b - a
-            if count == 1 and config.std_unbiased:
-                std[a:b] = 1.0
-            else:
-                sm = None if m is None else m[a:b]
-                std[a:b] = _std(x[a:b], sm, mean[a:b], config.std_unbiased)
+        seg = groups if config.mean_level == "group" else _Segments(x, None)
+        assert seg is not None
+        mean = _mean(x, m, seg, loo)
+        if loo and config.mean_level == "group":
+            assert single is not None
+            mean = torch.where(single, x, mean)
+    if config.std_level is None:
+        std = torch.ones((1,) * x.ndim, dtype=x.dtype, device=x.device)
     else:
-        std = torch.ones_like(x)
+        seg = groups if config.std_level == "group" else _Segments(x, None)
+        assert seg is not None
+        std = _std(x, m, seg, mean, config.std_unbiased)
+        if config.std_level == "group" and config.std_unbiased:
+            assert single is not None
+            std = torch.where(single, torch.ones((), dtype=std.dtype), std)
     return mean, std
 
 
@@ -278,12 +310,11 @@ def group_mean_std(
     sizes = [x.numel()] if group_sizes is None else _positive_ints("group_sizes", group_sizes)
     if sum(sizes) != x.numel():
         raise ValueError(f"group_sizes: sizes sum to {sum(sizes)}, which must equal the number of values ({x.numel()})")
-    means, stds = [], []
-    for part in torch.split(x, sizes):
-        mean = part.mean()
-        means.append(mean)
-        stds.append(_std(part, None, mean, unbiased))
-    return torch.stack(means), torch.stack(stds)
+    seg = _Segments(x, sizes)
+    mean = _mean(x, None, seg, False)
+    std = _std(x, None, seg, mean, unbiased)
+    firsts = torch.tensor([0, *sizes[:-1]], dtype=torch.long).cumsum(0)
+    return mean[firsts].clone(), std[firsts].clone()
 
 
 def rollout_time_affine(references: torch.Tensor | Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,18 +411,17 @@ def normalize_advantages(
         m = mt.to(_F64)
         if not bool(((m == 0) | (m == 1)).all()):
             raise ValueError("mask: must hold only 0 and 1 (or False and True)")
-    bounds = _group_bounds(t.shape[0], config, group_sizes, what="rows")
+    sizes = _group_sizes(t.shape[0], config, group_sizes, what="rows")
     counts: list[int] | None = None
     if member_counts is not None:
         counts = _positive_ints("member_counts", member_counts)
-        if bounds is not None and len(counts) != len(bounds):
+        if sizes is not None and len(counts) != len(sizes):
             raise ValueError(
-                f"member_counts: must give one count per group ({len(bounds)} groups), got {len(counts)}"
+                f"member_counts: must give one count per group ({len(sizes)} groups), got {len(counts)}"
             )
-        if bounds is not None and any(c > b - a for c, (a, b) in zip(counts, bounds)):
+        if sizes is not None and any(c > n for c, n in zip(counts, sizes)):
             raise ValueError(
-                f"member_counts: a group cannot hold more logical rollouts than rows; "
-                f"counts {counts}, rows {[b - a for a, b in bounds]}"
+                f"member_counts: a group cannot hold more logical rollouts than rows; counts {counts}, rows {sizes}"
             )
     if m is not None and float(m.sum().item()) == 0:
         return t.to(torch.float32).clone()
@@ -402,7 +432,7 @@ def normalize_advantages(
         raise ValueError("x: must be finite where mask is 1")
     if m is not None:
         xf = torch.where(live, xf, torch.zeros_like(xf))  # masked-out garbage never leaks
-    mean, std = _baseline_std(xf, m, config, bounds, counts)
+    mean, std = _baseline_std(xf, m, config, sizes, counts)
     eps = config.eps if config.std_level is not None else 0.0
     out = (xf - mean) / (std + eps)
     if m is not None:
@@ -531,7 +561,9 @@ def normalize_rewards(
     if x.ndim != 1:
         raise ValueError(f"rewards: must be 1-D (one reward per row), got shape {tuple(x.shape)}")
     x = x.to(_F64)
-    if not bool(torch.isfinite(x).all()):
+    # A sum is finite when every term is (the elementwise check runs only if it is not,
+    # which overflow alone can also cause).
+    if not math.isfinite(float(x.sum())) and not bool(torch.isfinite(x).all()):
         raise ValueError("rewards: must be finite")
     unp: torch.Tensor | None = None
     if unpenalized is not None:
@@ -544,6 +576,22 @@ def normalize_rewards(
         raise ValueError(f"reward_clip: must be a real number > 0 (inf for no clipping), got {reward_clip!r}")
     clip = float(reward_clip)
 
+    def transform(v: torch.Tensor) -> torch.Tensor:
+        if bias == 0.0 and scaling == 1.0 and clip == math.inf:
+            return v
+        return ((v + bias) * scaling).clamp(min=-clip, max=clip)
+
+    scores = transform(x)
+    if rollout_groups is None:
+        # Every row is its own rollout and its own reference: nothing to check per rollout.
+        if trajectory_rows is not None:
+            raise ValueError("trajectory_rows: only meaningful together with rollout_groups")
+        sizes = _group_sizes(x.numel(), config, group_sizes, what="logical rollouts")
+        if config.is_identity or x.numel() == 0:
+            return scores.to(torch.float32)
+        mean, std = _baseline_std(scores, None, config, sizes, None)
+        return ((scores - mean) / _divisor(std, config)).to(torch.float32)
+
     counts, refs, logical, labels = _logical_rollouts(x.numel(), rollout_groups, trajectory_rows)
     if logical is not None:
         if group_sizes is not None and _positive_ints("group_sizes", group_sizes) != logical:
@@ -552,12 +600,7 @@ def normalize_rewards(
                 f"(taken from rollout_groups), got {list(group_sizes)!r}; pass only one of them"
             )
         group_sizes = logical
-    bounds = _group_bounds(len(counts), config, group_sizes, what="logical rollouts")
-
-    def transform(v: torch.Tensor) -> torch.Tensor:
-        return ((v + bias) * scaling).clamp(min=-clip, max=clip)
-
-    scores = transform(x)
+    sizes = _group_sizes(len(counts), config, group_sizes, what="logical rollouts")
     if config.is_identity or x.numel() == 0:
         return scores.to(torch.float32)
 
@@ -582,9 +625,13 @@ def normalize_rewards(
             detail += f" (unpenalized {unp[a:b].tolist()})"
         raise WorkflowContractError(f"rollout_reward: {where}: {detail}. {_SPLIT_ROWS_MESSAGE}")
 
-    mean, std = _baseline_std(transform(reference), None, config, bounds, None)
+    mean, std = _baseline_std(transform(reference), None, config, sizes, None)
+    divisor = _divisor(std, config).expand(reference.shape)
+    return ((scores - mean[member]) / divisor[member]).to(torch.float32)
+
+
+def _divisor(std: torch.Tensor, config: NormConfig) -> torch.Tensor:
+    """``std + eps``, or 1 where ``std <= eps`` (and everywhere without a std level)."""
     if config.std_level is None:
-        scale = torch.ones_like(std)
-    else:
-        scale = torch.where(std <= config.eps, torch.ones_like(std), std + config.eps)
-    return ((scores - mean[member]) / scale[member]).to(torch.float32)
+        return torch.ones_like(std)
+    return torch.where(std <= config.eps, torch.ones_like(std), std + config.eps)

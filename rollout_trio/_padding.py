@@ -34,34 +34,36 @@ def _join_one_row_dicts(items: Sequence[Any]) -> dict[str, Any] | None:
     keys = first.keys()
     if "rollout_group" in keys or any(type(d) is not dict or d.keys() != keys for d in items):
         return None
-    ids = [d.get("input_ids") for d in items]
-    widths = []
-    device = ids[0].device if type(ids[0]) is torch.Tensor else None
-    for t in ids:
-        if type(t) is not torch.Tensor or t.ndim != 2 or t.shape[0] != 1 or t.device != device:
-            return None
-        widths.append(t.shape[1])
-    layout = _RowLayout(widths)
+    try:
+        return _join_rows(items, keys)
+    except (KeyError, AttributeError, TypeError, RuntimeError):
+        # Not tensors, mixed devices or dtypes: torch refuses, and the general path decides.
+        return None
+
+
+def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> dict[str, Any] | None:
+    # Shapes are compared as whole lists (one comparison per key); torch itself refuses
+    # mixed devices, and mixed dtypes (masked_scatter_ needs its source in the output's).
+    row_shapes = [d["input_ids"].shape for d in items]
+    if any(len(shape) != 2 or shape[0] != 1 for shape in row_shapes):
+        return None
+    one_shapes = [(1,)] * len(items)
+    layout = _RowLayout([shape[1] for shape in row_shapes])
     joined: dict[str, Any] = {}
     for key in keys:
         values = [d[key] for d in items]
         if key == "rollout_reward":
             joined[key] = values
             continue
-        v0 = values[0]
-        if type(v0) is not torch.Tensor:
+        if type(values[0]) is not torch.Tensor:
             return None
-        dtype = v0.dtype
-        if v0.ndim == 2:
-            for v, w in zip(values, widths):
-                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1, w) or v.device != device:
-                    return None
+        shapes = [v.shape for v in values]
+        if shapes == row_shapes:
             joined[key] = layout.place(values, PAD_VALUES.get(key, 0))
-        elif v0.ndim == 1:
-            for v in values:
-                if type(v) is not torch.Tensor or v.dtype != dtype or v.shape != (1,) or v.device != device:
-                    return None
+        elif shapes == one_shapes:
             joined[key] = torch.cat(values)
+            if joined[key].dtype != values[0].dtype:
+                return None
         else:
             return None
     refs = joined.pop("rollout_reward", None) or [None] * len(items)

@@ -119,9 +119,10 @@ def _validate_values(t: Trajectory, where: str) -> None:
         lo, hi = _bounds(lm)
         if lo < 0 or hi > 1:
             raise _fail(where, "loss_mask", "values must be 0 or 1", "0/1", f"values {sorted(set(lm.unique().tolist()))[:5]}")
-        if hi > 0 and bool(lm[~t.attention_mask].any()):
+        # loss_mask is 0/1 here, so "1 where attention_mask is False" is lm > mask (2 ops).
+        if hi > 0 and bool(torch.any(lm > t.attention_mask)):
             raise _fail(where, "loss_mask", "must be 0 wherever attention_mask is False", "0 on padding", "1 on a padded position")
-        if t.versions is not None and bool(((lm == 0) & (t.versions != -1)).any()):
+        if t.versions is not None and bool(torch.any((t.versions != -1) > lm)):
             bad = t.versions[(lm == 0) & (t.versions != -1)]
             raise _fail(
                 where, "versions", "must be -1 wherever loss_mask is 0 (no output token there)",

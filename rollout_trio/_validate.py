@@ -42,10 +42,16 @@ def is_real(value: Any) -> bool:
     )
 
 
+def only_type(values: Any, kind: type) -> bool:
+    """True if every element of the non-empty ``values`` has exactly type ``kind``."""
+    return set(map(type, values)) == {kind}
+
+
 def int_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     """Every element is a non-negative integer token id."""
-    # Fast path: plain ints (the common case) skip the slow numbers.Integral ABC check.
-    if all(type(v) is int for v in value) and (not value or min(value) >= 0):
+    # Fast path: plain ints (the common case) skip the slow numbers.Integral ABC check;
+    # set(map(type, ...)) runs in C, a generator per element does not.
+    if not value or (only_type(value, int) and min(value) >= 0):
         return
     for i, v in enumerate(value):
         if not is_int(v) or v < 0:

@@ -1,0 +1,368 @@
+"""rollout_trio side by side with AReaL 1.0.4, on identical work, in one run.
+
+    python -m bench            # a few minutes
+    python -m bench --quick    # seconds (after the first run, which builds AReaL's environment)
+
+On first use it creates AReaL's own virtual environment (bench/areal_env.py) and
+installs AReaL 1.0.4 there. AReaL's side then runs in a long-lived subprocess of that
+environment (bench/areal_worker.py), ours in this process; the two alternate
+measurement by measurement, so drift in the machine's load hits both alike. Printed per
+case: each side's median and range, and the median ratio ours / theirs (> 1 is ours
+faster) with its range over the rounds. Everything, with the machine's description and
+load, is written to bench/results/<date>[-quick].json.
+
+a. group: episodes/s of a grouped rollout with an instant engine, packing the six tensors
+   of each slot, at G = 4, 16, 64, without and with group reward normalization
+   (AReaL: ``GroupedRolloutWorkflow`` + ``concat_padded_tensors`` + ``Normalization``).
+b. norm: rewards/s of normalization alone (group, batch, leave-one-out; groups of 16).
+c. client: requests/s of the engine client against one fixed-answer loopback server at
+   1, 16, 128 concurrent (AReaL: ``RemoteInfEngine`` with its SGLang backend on aiohttp;
+   ours: ``RemoteEngine``).
+d. failure: one slot of 8 fails while the 7 others generate from ``rollout-trio serve``:
+   how many siblings still run once the group has raised, and how many generations the
+   server still runs 0.5 s later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import trio  # noqa: E402
+
+from bench import areal_env, work  # noqa: E402
+from bench.areal_client import Areal  # noqa: E402
+from rollout_trio import GenerationConfig, GroupedRolloutWorkflow, ModelRequest, ModelResponse  # noqa: E402
+from rollout_trio import NormConfig, normalize_rewards  # noqa: E402
+from rollout_trio.engines import RemoteEngine  # noqa: E402
+
+# -- a. grouped orchestration + packing ---------------------------------------------------
+
+
+class InstantEngine:
+    """Answers at once (one checkpoint), like a server with a hot cache."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        await trio.lowlevel.checkpoint()
+        out, lp, ver = work.respond(self.calls)
+        return ModelResponse(input_tokens=req.input_ids, output_tokens=out, output_logprobs=lp, output_versions=ver)
+
+
+async def episode(engine: InstantEngine, data: dict[str, Any]) -> dict[str, torch.Tensor]:
+    resp = await engine.agenerate(ModelRequest(input_ids=data["ids"]))
+    return work.six_tensors(resp.input_tokens, resp.output_tokens, resp.output_logprobs, resp.output_versions)
+
+
+def ours_group(g: int, norm: bool, episodes: int) -> float:
+    groups = max(1, episodes // g)
+
+    async def main() -> float:
+        wf = GroupedRolloutWorkflow(episode, g, reward_normalization=norm)
+        engine, data = InstantEngine(), {"ids": work.PROMPT}
+        await wf.arun_episode(engine, data)  # warm-up, as on AReaL's side
+        start = time.perf_counter()
+        for _ in range(groups):
+            out = await wf.arun_episode(engine, data)
+            assert out.batch_size == g
+        return groups * g / (time.perf_counter() - start)
+
+    return trio.run(main)
+
+
+# -- b. normalization alone -----------------------------------------------------------------
+
+
+def ours_norm(mode: str, n: int, repeats: int) -> float:
+    mean, std, loo = work.NORM_MODES[mode]
+    config = NormConfig(mean_level=mean, std_level=std, leave_one_out=loo, group_size=work.NORM_GROUP)
+    x = work.rewards(n)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        normalize_rewards(x, config)
+        times.append(time.perf_counter() - start)
+    return n / min(times)
+
+
+# -- c. the engine client ---------------------------------------------------------------------
+
+
+def ours_client(addr: str, conc: int, seconds: float) -> float:
+    gconfig = GenerationConfig(max_new_tokens=work.CLIENT_NEW_TOKENS)
+
+    async def main() -> float:
+        async with RemoteEngine(f"http://{addr}", "sglang", verify_versions=False) as engine:
+
+            async def one() -> None:
+                await engine.agenerate(ModelRequest(input_ids=list(work.CLIENT_PROMPT), gconfig=gconfig))
+
+            await one()  # warm-up
+            end = trio.current_time() + seconds
+            count = 0
+
+            async def worker() -> None:
+                nonlocal count
+                while trio.current_time() < end:
+                    await one()
+                    count += 1
+
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(conc):
+                    nursery.start_soon(worker)
+            return count / (time.perf_counter() - start)
+
+    return trio.run(main)
+
+
+# -- d. one failing slot of 8 ---------------------------------------------------------------------
+
+
+async def _in_flight(client: Any, addr: str) -> int:
+    return int((await client.get(f"http://{addr}/stats")).json()["in_flight"])
+
+
+def ours_failure(addr: str) -> dict[str, Any]:
+    import httpx
+
+    gconfig = GenerationConfig(max_new_tokens=work.FAIL_TOKENS, ignore_eos=True)
+    running: set[int] = set()
+    counter = iter(range(work.FAIL_SLOTS))
+
+    async def slot(engine: RemoteEngine, data: dict[str, Any]) -> None:
+        i = next(counter)
+        running.add(i)
+        try:
+            if i == 0:  # fail once every sibling is generating on the server
+                async with httpx.AsyncClient() as client:
+                    with trio.fail_after(30):
+                        while await _in_flight(client, addr) < work.FAIL_SLOTS - 1:
+                            await trio.sleep(0.01)
+                raise RuntimeError("slot 0 fails")
+            await engine.agenerate(ModelRequest(input_ids=list(work.PROMPT), gconfig=gconfig))
+        finally:
+            running.discard(i)
+
+    async def main() -> dict[str, Any]:
+        raised = None
+        async with RemoteEngine(f"http://{addr}", "sglang") as engine:
+            try:
+                await GroupedRolloutWorkflow(slot, work.FAIL_SLOTS).arun_episode(engine, {})
+            except* RuntimeError as eg:
+                raised = type(eg.exceptions[0]).__name__
+            siblings = len(running)
+            async with httpx.AsyncClient() as client:
+                await trio.sleep(0.5)
+                server = await _in_flight(client, addr)
+        return {"raised": raised, "siblings_running": siblings, "server_in_flight": server}
+
+    return trio.run(main)
+
+
+def wait_idle(addr: str, timeout: float = 30) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"http://{addr}/stats").json()["in_flight"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("rollout-trio serve still generating after the failure scenario")
+        time.sleep(0.05)
+
+
+# -- servers --------------------------------------------------------------------------------------
+
+
+@contextmanager
+def server(args: list[str]) -> Iterator[str]:
+    """Start a server subprocess that writes its port to the file named after it; yield host:port."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        proc = subprocess.Popen([sys.executable, *args, port_file], env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(port_file):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"server {args} did not start")
+                time.sleep(0.05)
+            with open(port_file) as f:
+                yield "127.0.0.1:" + f.read().strip()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+# -- reporting --------------------------------------------------------------------------------------
+
+
+def summary(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    ratios = [o / t for o, t in zip(ours, theirs, strict=True)]
+    return {
+        "ours": ours,
+        "theirs": theirs,
+        "ours_median": statistics.median(ours),
+        "theirs_median": statistics.median(theirs),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
+
+
+def line(label: str, s: dict[str, Any], unit: str, target: float | None) -> str:
+    def rng(v: list[float]) -> str:
+        return f"{statistics.median(v):>11,.0f} [{min(v):,.0f}-{max(v):,.0f}]"
+
+    mark = "" if target is None else ("  ok" if s["ratio_median"] >= target else f"  < {target:g}x target")
+    return (
+        f"  {label:<22} ours {rng(s['ours']):<32} AReaL {rng(s['theirs']):<32} {unit}"
+        f"  ratio {s['ratio_median']:.2f}x [{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]{mark}"
+    )
+
+
+def interleave(rounds: int, ours: Callable[[], float], theirs: Callable[[], float]) -> dict[str, Any]:
+    o: list[float] = []
+    t: list[float] = []
+    for r in range(rounds):  # alternate which side goes first, so neither always runs warm
+        if r % 2 == 0:
+            o.append(ours())
+            t.append(theirs())
+        else:
+            t.append(theirs())
+            o.append(ours())
+    return summary(o, t)
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "trio": trio.__version__,
+    }
+
+
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a few seconds per section, fewer rounds")
+    p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure"], help="run only these sections")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5, quick 2)")
+    p.add_argument("--out", type=Path, help="result file (default bench/results/<date>[-quick].json)")
+    p.add_argument("--profile", type=int, metavar="G", help="profile one group measurement at G on both sides, then stop")
+    args = p.parse_args()
+    quick = args.quick
+    rounds = args.rounds or (2 if quick else 5)
+    sections = args.only or ["group", "norm", "client", "failure"]
+    torch.set_num_threads(1)
+
+    areal = Areal(areal_env.ensure())
+    if args.profile:
+        episodes = 512 if quick else 4096
+        g = args.profile
+        ours = work.profiled(lambda: ours_group(g, False, episodes))
+        theirs = areal("group", g=g, norm=False, episodes=episodes, profile=True)
+        areal.close()
+        for name, r in (("rollout_trio", ours), (f"AReaL {areal.info['areal']}", theirs)):
+            print(f"== {name}: {r['rate']:,.0f} episodes/s under cProfile, G={g}\n{r['profile']}")
+        return 0
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "quick" if quick else "default",
+        "rounds": rounds,
+        "machine": machine(),
+        "areal": areal.info,
+        "load_before": loadavg(),
+    }
+    print(f"rollout_trio vs AReaL {areal.info['areal']} ({results['mode']}, {rounds} interleaved rounds per case)")
+    print(f"machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; load {results['load_before']}")
+    try:
+        if "group" in sections:
+            episodes = 512 if quick else 4096
+            print(f"\na. grouped rollout + packing, instant engine, {episodes} episodes per measurement (episodes/s)")
+            res = results["group"] = {}
+            for norm in (False, True):
+                for g in (4, 16, 64):
+                    s = interleave(rounds, lambda: ours_group(g, norm, episodes), lambda: areal("group", g=g, norm=norm, episodes=episodes)["rate"])
+                    res[f"G={g}{' norm' if norm else ''}"] = s
+                    print(line(f"G={g:<3}{' + normalization' if norm else ''}", s, "ep/s", 1.1), flush=True)
+        if "norm" in sections:
+            sizes = [100_000] if quick else [100_000, 1_000_000]
+            reps = 1 if quick else 3
+            print(f"\nb. normalization alone, groups of {work.NORM_GROUP}, best of {reps} per measurement (rewards/s)")
+            res = results["norm"] = {}
+            for n in sizes:
+                for mode in work.NORM_MODES:
+                    s = interleave(max(1, rounds // 2), lambda: ours_norm(mode, n, reps), lambda: areal("norm", mode=mode, n=n, repeats=reps)["rate"])
+                    res[f"{mode} n={n:.0e}"] = s
+                    print(line(f"{mode:<6} n={n:.0e}", s, "r/s", 1.0), flush=True)
+        if "client" in sections:
+            seconds = 0.3 if quick else 1.5
+            print(f"\nc. engine client, fixed-answer loopback server, {seconds:g} s per measurement (requests/s)")
+            res = results["client"] = {}
+            with server([str(ROOT / "bench" / "work.py")]) as addr:
+                for conc in (1, 16, 128):
+                    s = interleave(max(1, rounds - 2), lambda: ours_client(addr, conc, seconds), lambda: areal("client", addr=addr, conc=conc, seconds=seconds)["rate"])
+                    res[f"concurrency={conc}"] = s
+                    print(line(f"{conc:>3} concurrent", s, "req/s", 1.0 if conc == 128 else None), flush=True)
+        if "failure" in sections:
+            print(f"\nd. one slot of {work.FAIL_SLOTS} fails while the others generate from rollout-trio serve")
+            serve = ["-m", "rollout_trio", "serve", "--port", "0", "--threads", "1", "--step-delay", "0.02", "--port-file"]
+            with server(serve) as addr:
+                ours = ours_failure(addr)
+                wait_idle(addr)
+                theirs = areal("failure", addr=addr)
+                wait_idle(addr)
+            results["failure"] = {"ours": ours, "theirs": theirs}
+            for name, r in (("rollout_trio", ours), ("AReaL 1.0.4", theirs)):
+                print(
+                    f"  {name:<13} group raised {r['raised']}; siblings still running after it raised: "
+                    f"{r['siblings_running']} of {work.FAIL_SLOTS - 1}; generations on the server 0.5 s later: "
+                    f"{r['server_in_flight']}"
+                )
+    finally:
+        areal.close()
+    results["load_after"] = loadavg()
+    print(f"\nload after: {results['load_after']}")
+    out = args.out or ROOT / "bench" / "results" / f"{datetime.date.today().isoformat()}{'-quick' if quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
