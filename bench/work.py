@@ -87,7 +87,7 @@ def profiled(run: Callable[[], float], top: int = 25) -> dict[str, Any]:
 
 def serve_fixed(port_file: str) -> None:
     """A keep-alive HTTP/1.1 loopback server answering every POST /generate with
-    :data:`GENERATE_BODY` and anything else with an empty 200 (raw asyncio protocol, so
+    :data:`GENERATE_BODY`, GET /get_model_info with version 0, and anything else with an empty 200 (raw asyncio protocol, so
     the server is not what is measured). Writes its port to ``port_file``."""
     import asyncio
     import os
@@ -95,6 +95,9 @@ def serve_fixed(port_file: str) -> None:
     ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(GENERATE_BODY)
     ok += GENERATE_BODY
     empty = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+    info_body = b'{"weight_version": "0"}'  # RemoteEngine reads the server's version at start
+    info = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(info_body)
+    info += info_body
 
     class Proto(asyncio.Protocol):
         def connection_made(self, transport):  # type: ignore[no-untyped-def]
@@ -113,7 +116,10 @@ def serve_fixed(port_file: str) -> None:
                 if len(self.buf) < end + 4 + length:
                     return
                 self.buf = self.buf[end + 4 + length :]
-                self.t.write(ok if head.startswith("POST /generate") else empty)
+                if head.startswith("POST /generate"):
+                    self.t.write(ok)
+                else:
+                    self.t.write(info if head.startswith("GET /get_model_info") else empty)
                 if "connection: close" in head.lower():
                     self.t.close()
                     return
