@@ -342,7 +342,7 @@ def render_page(
     cards = [
         (f"{summary.rows}", "rows"),
         (f"{summary.tasks}", "tasks"),
-        (f"{versions[0]}–{versions[-1]}" if len(versions) > 1 else f"{versions[0]}", "weight versions"),
+        (f"{versions[0]}–{versions[-1]}" if len(versions) > 1 else f"{versions[0]}", "weight versions" if len(versions) > 1 else "weight version"),
         (_num(mean), "mean reward" + (" (raw)" if summary.normalized else "")),
         (f"{100 * accepted / summary.rows:.0f}%", "accepted"),
         (f"{100 * truncated / summary.rows:.0f}%" if summary.truncation_known else "–", "truncated"),
