@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,20 @@ from .._stats import StatsRecorder
 from .._trajectory import Trajectory
 from ..engines import LocalEngine
 from ..workflows import rlvr_workflow
+from ._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Parser,
+    UsageError,
+    device,
+    interruptible,
+    load_model_and_tokenizer,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    run_command,
+)
 
 __all__ = ["arithmetic_prompts", "arithmetic_reward", "run_main"]
 
@@ -48,39 +63,58 @@ def arithmetic_reward(completion: str, data: Mapping[str, Any]) -> float:
     return max(0.0, 1.0 - error / 10.0)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rollout-trio run",
-        description="Run grouped rollouts of toy arithmetic on the embedded engine and print rewards and group statistics.",
+def _parser() -> Parser:
+    p = Parser(
+        "rollout-trio run",
+        "Run grouped rollouts of toy arithmetic on the embedded engine and print rewards and group statistics.",
     )
-    p.add_argument("--groups", type=int, default=16, help="prompts (one group each); default 16")
-    p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G); default 8")
-    p.add_argument("--concurrency", type=int, default=4, help="groups in flight at once; default 4")
-    p.add_argument("--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if present, else cpu)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--reward-normalization", action="store_true", help="normalize rewards within each group")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before the whole run is abandoned")
+    p.add_argument("--groups", type=positive_int, default=16, help="prompts (one group each)")
+    p.add_argument("--group-size", type=positive_int, default=8, help="samples per prompt (G)")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="groups in flight at once")
+    p.add_argument(
+        "--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)"
+    )
+    p.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
+    )
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="sampling temperature; 0 is greedy")
+    p.add_argument("--max-new-tokens", type=positive_int, default=8, help="tokens generated per sample at most")
+    p.add_argument(
+        "--reward-normalization",
+        action="store_true",
+        help="normalize rewards within each group (needs --group-size >= 2); prints both rewards",
+    )
+    p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seeds the prompts and sampling; the same seed gives the same samples whatever the scheduling",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help="seconds before the whole run is abandoned (default: no deadline)",
+    )
     return p
 
 
 def _build_engine(args: argparse.Namespace) -> LocalEngine:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.model:
-        return LocalEngine.from_pretrained(args.model, device=device, seed=args.seed)
-    from ..models import tiny_model
-
-    model, tokenizer = tiny_model(seed=args.seed, device=device)
+    model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
     return LocalEngine(model, tokenizer, seed=args.seed)
+
+
+def _shown(rewards: torch.Tensor) -> str:
+    return f"[{' '.join(f'{r:.1f}' for r in rewards.tolist())}]  mean {rewards.mean():.2f}"
 
 
 async def _run(args: argparse.Namespace) -> int:
     prompts = arithmetic_prompts(args.groups, seed=args.seed)
     stats = StatsRecorder()
     started = time.perf_counter()
-    async with _build_engine(args) as engine:
+    engine = await trio.to_thread.run_sync(_build_engine, args)
+    lines: list[str | None] = [None] * len(prompts)
+    async with engine, interruptible() as interrupt:
         workflow = rlvr_workflow(
             engine.tokenizer,
             arithmetic_reward,
@@ -90,7 +124,6 @@ async def _run(args: argparse.Namespace) -> int:
             workflow, args.group_size, reward_normalization=args.reward_normalization, stats=stats
         )
         limiter = trio.CapacityLimiter(args.concurrency)
-        lines: list[str | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), unit="group", file=sys.stderr, dynamic_ncols=True) as bar:
 
             async def one(k: int, data: dict[str, Any]) -> None:
@@ -102,32 +135,43 @@ async def _run(args: argparse.Namespace) -> int:
                     lines[k] = f"{k:>3}  {question:<12} dropped"
                 else:
                     assert isinstance(traj, Trajectory)  # the RLVR workflow returns tensor rows
-                    raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
-                    assert raw is not None
-                    shown = " ".join(f"{r:.1f}" for r in raw.tolist())
-                    lines[k] = f"{k:>3}  {question:<12} rewards [{shown}]  mean {raw.mean():.2f}"
+                    assert traj.rewards is not None
+                    line = f"{k:>3}  {question:<12} rewards "
+                    if traj.original_rewards is not None:
+                        line += f"{_shown(traj.original_rewards)}  normalized {_shown(traj.rewards)}"
+                    else:
+                        line += _shown(traj.rewards)
+                    lines[k] = line
                 bar.update(1)
 
-            with trio.fail_after(args.timeout):
-                async with trio.open_nursery() as nursery:
-                    for k, data in enumerate(prompts):
-                        nursery.start_soon(one, k, data)
+            with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as deadline:
+                with workflow_context.use_seed(args.seed):
+                    async with trio.open_nursery() as nursery:
+                        for k, data in enumerate(prompts):
+                            nursery.start_soon(one, k, data)
+            if deadline.cancelled_caught:
+                raise CommandError(f"--timeout {args.timeout}: the run did not finish in time")
     elapsed = time.perf_counter() - started
+    finished = [line for line in lines if line is not None]
     print(f"group  question     per-slot rewards (G={args.group_size})")
-    for line in lines:
+    for line in finished:
         print(line)
-    print(f"\ngroup statistics (mean over {len(prompts)} groups):")
+    print(f"\ngroup statistics (mean over {len(finished)} groups):")
     for key, value in stats.export().items():
         print(f"  {key:<40} {value:.3f}")
-    print(f"\n{len(prompts) * args.group_size} episodes in {elapsed:.1f} s")
+    print(f"\n{len(finished) * args.group_size} episodes in {elapsed:.1f} s")
+    if interrupt.received:
+        print(f"rollout-trio run: interrupted; {len(finished)} of {len(prompts)} groups finished", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
-def run_main(argv: list[str]) -> int:
-    """Entry point of ``rollout-trio run``."""
-    args = _parser().parse_args(argv)
-    for name in ("groups", "group_size", "concurrency", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            print(f"rollout-trio run: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+def _main(args: argparse.Namespace) -> int:
+    if args.reward_normalization and args.group_size < 2:
+        raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
     return trio.run(_run, args)
+
+
+def run_main(argv: Sequence[str]) -> int:
+    """Entry point of ``rollout-trio run``; returns the exit status."""
+    return run_command("rollout-trio run", _parser(), argv, _main)

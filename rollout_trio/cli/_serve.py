@@ -12,50 +12,69 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import trio
+
+from ._common import (
+    EXIT_INTERRUPTED,
+    Parser,
+    device,
+    load_model_and_tokenizer,
+    log_level,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_int,
+    run_command,
+    setup_logging,
+)
 
 __all__ = ["serve_main"]
 
 log = logging.getLogger("rollout_trio.server")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rollout-trio serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=30000, help="port to bind; 0 picks a free one (default 30000)")
-    p.add_argument("--port-file", help="write the bound port to this file once listening")
-    p.add_argument("--model", help="local Hugging Face checkpoint directory (default: the built-in tiny model)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--seed", type=int, default=None, help="seed for requests without sampling_seed")
-    p.add_argument("--segment-tokens", type=int, default=16, help="tokens per engine call: abort/pause granularity")
-    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep between chunks (slows generation)")
-    p.add_argument("--max-batch-size", type=int, default=256, help="requests per forward pass")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+def _parser() -> Parser:
+    p = Parser("rollout-trio serve", __doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=port, default=30000, help="port to bind; 0 picks a free one")
+    p.add_argument("--port-file", help="write the bound port to this file once listening (default: none)")
+    p.add_argument(
+        "--model", default=None, help="local Hugging Face checkpoint directory (default: the built-in tiny model)"
+    )
+    p.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
+    )
+    p.add_argument(
+        "--seed", type=non_negative_int, default=None, help="seed for requests without sampling_seed (default: random)"
+    )
+    p.add_argument(
+        "--segment-tokens", type=positive_int, default=16, help="tokens per engine call: abort/pause granularity"
+    )
+    p.add_argument(
+        "--step-delay", type=non_negative_float, default=0.0, help="seconds to sleep between chunks (slows generation)"
+    )
+    p.add_argument("--max-batch-size", type=positive_int, default=256, help="requests per forward pass")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--log-level", type=log_level, default="WARNING", help="logging level; INFO logs each request")
     return p
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from ..engines._local import LocalEngine
-    from ..models import load_model, tiny_model
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.model:
-        model, tokenizer = load_model(args.model, device=args.device)
-        name = args.model
-    else:
-        model, tokenizer = tiny_model(device=args.device)
-        name = "tiny"
+    model, tokenizer, name = load_model_and_tokenizer(args.model, args.device)
     engine = LocalEngine(model, tokenizer, seed=args.seed, max_batch_size=args.max_batch_size)
     return engine, tokenizer, name
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace) -> int:
     from ..server import HttpServer, SGLangApp
 
     engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
@@ -64,30 +83,27 @@ async def _serve(args: argparse.Namespace) -> None:
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
         )
         listeners = await nursery.start(HttpServer(app).serve, args.host, args.port)
-        host, port = listeners[0].socket.getsockname()[:2]
+        host, bound = listeners[0].socket.getsockname()[:2]
         if args.port_file:
             tmp = trio.Path(args.port_file + ".tmp")
-            await tmp.write_text(f"{port}\n")
+            await tmp.write_text(f"{bound}\n")
             await tmp.replace(args.port_file)
-        print(f"rollout-trio serve: listening on http://{host}:{port} (model {name})", flush=True)
+        print(f"rollout-trio serve: listening on http://{host}:{bound} (model {name})", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
+            async for signum in signals:
                 nursery.cancel_scope.cancel()
-                break
+                return EXIT_INTERRUPTED if signum == signal.SIGINT else 0
+    return 0
 
 
-def serve_main(argv: list[str]) -> int:
-    """Run the server until SIGINT or SIGTERM; returns the exit status."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = False
-    try:
-        trio.run(_serve, args)
-    except* OSError as group:  # e.g. the port is taken (raised inside the server's nursery)
-        for exc in group.exceptions:
-            print(f"rollout-trio serve: {exc}", file=sys.stderr)
-        failed = True
-    return 1 if failed else 0
+def _main(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    return trio.run(_serve, args)
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """Run the server until Ctrl-C (exit status 130) or SIGTERM (0); returns the exit status."""
+    return run_command("rollout-trio serve", _parser(), argv, _main)
 
 
 if __name__ == "__main__":
