@@ -19,6 +19,7 @@ import trio
 
 from ._common import (
     EXIT_INTERRUPTED,
+    CommandError,
     Parser,
     device,
     load_model_and_tokenizer,
@@ -82,7 +83,10 @@ async def _serve(args: argparse.Namespace) -> int:
         app = SGLangApp(
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
         )
-        listeners = await nursery.start(HttpServer(app).serve, args.host, args.port)
+        try:
+            listeners = await nursery.start(HttpServer(app).serve, args.host, args.port)
+        except OSError as exc:  # a taken port, an unknown host
+            raise CommandError(f"--host {args.host} --port {args.port}: cannot listen: {exc}") from exc
         host, bound = listeners[0].socket.getsockname()[:2]
         if args.port_file:
             tmp = trio.Path(args.port_file + ".tmp")

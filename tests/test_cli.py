@@ -1,0 +1,228 @@
+"""The command line's manners (DESIGN turn 2, issue 11 items 13 and 15).
+
+Usage errors: one line on stderr, exit 2. Runtime failures: one line, exit 1, a traceback
+only with --debug. Ctrl-C: what finished is printed, exit 130. Every flag of every command
+is tried with a bad value; the flags are read from the parsers, so a new flag without a
+case here fails ``test_every_flag_has_a_bad_value_case``.
+"""
+
+import argparse
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from rollout_trio.cli import COMMANDS, main
+from rollout_trio.cli._common import describe_exception, log_level, port
+
+#: command -> long flag -> (argv that gives it a bad value, exit status, what stderr must say)
+BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
+    "run": {
+        "--debug": (["--debug=yes"], 2, "--debug: ignored explicit argument 'yes'"),
+        "--groups": (["--groups", "0"], 2, "--groups: must be an integer >= 1, got '0'"),
+        "--group-size": (["--group-size", "two"], 2, "--group-size: must be an integer >= 1, got 'two'"),
+        "--concurrency": (["--concurrency", "-3"], 2, "--concurrency: must be an integer >= 1"),
+        "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
+        "--device": (["--device", "bogus"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'bogus'"),
+        "--temperature": (["--temperature", "-1"], 2, "--temperature: must be a finite number >= 0"),
+        "--max-new-tokens": (["--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
+        "--reward-normalization": (["--reward-normalization", "--group-size", "1"], 2, "needs --group-size >= 2"),
+        "--seed": (["--seed", "-1"], 2, "--seed: must be an integer >= 0"),
+        "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
+    },
+    "serve": {
+        "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--host": (["--port", "0", "--host", "256.1.1.1"], 1, "256.1.1.1"),
+        "--port": (["--port", "65536"], 2, "--port: must be a port number from 0 to 65535"),
+        "--port-file": (["--port", "0", "--port-file", "/nonexistent/dir/port"], 1, "/nonexistent/dir/port"),
+        "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
+        "--device": (["--device", "cuda:x"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'cuda:x'"),
+        "--seed": (["--seed", "1.5"], 2, "--seed: must be an integer >= 0, got '1.5'"),
+        "--segment-tokens": (["--segment-tokens", "0"], 2, "--segment-tokens: must be an integer >= 1"),
+        "--step-delay": (["--step-delay", "nan"], 2, "--step-delay: must be a finite number >= 0, got 'nan'"),
+        "--max-batch-size": (["--max-batch-size", "0"], 2, "--max-batch-size: must be an integer >= 1"),
+        "--threads": (["--threads", "0"], 2, "--threads: must be an integer >= 1"),
+        "--log-level": (["--log-level", "bogus"], 2, "--log-level: must be one of DEBUG, INFO, WARNING"),
+    },
+}
+
+
+def parser_of(command: str) -> argparse.ArgumentParser:
+    module, _, _ = COMMANDS[command]
+    return importlib.import_module(module, "rollout_trio.cli")._parser()
+
+
+def long_flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {
+        max(action.option_strings, key=len)
+        for action in parser._actions
+        if action.option_strings and not isinstance(action, argparse._HelpAction)
+    }
+
+
+def test_every_command_is_covered():
+    assert set(BAD) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_flag_has_a_bad_value_case(command):
+    assert long_flags(parser_of(command)) == set(BAD[command])
+
+
+CASES = [(command, flag, *case) for command, flags in BAD.items() for flag, case in flags.items()]
+
+
+@pytest.mark.parametrize(("command", "flag", "argv", "status", "says"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
+def test_a_bad_value_is_one_line_and_the_right_status(capsys, command, flag, argv, status, says):
+    assert main([command, *argv]) == status
+    out, err = capsys.readouterr()
+    assert any(arg.split("=")[0] == flag for arg in argv)  # the case really tries this flag
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rollout-trio {command}: error: ") and says in lines[0], err
+    if status == 2:
+        assert lines[0].endswith(f"(see rollout-trio {command} --help)")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_shows_its_default_in_plain_text(capsys, command):
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "``" not in text
+    entries = re.split(r"\n  (?=-)", text.split("options:\n", 1)[1])  # one per option
+    flags = long_flags(parser_of(command))
+    assert len(entries) == len(flags) + 1  # and -h, --help
+    for entry in entries:
+        if not entry.lstrip().startswith("-h, --help"):
+            assert "(default" in " ".join(entry.split()), entry
+
+
+def test_top_level_help_lists_every_command_with_its_description(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, (_, _, text) in COMMANDS.items():
+        assert re.search(rf"^  {name}\s+{re.escape(text)}$", out, re.M), out
+
+
+def test_version(capsys):
+    from rollout_trio import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rollout-trio {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "a command is required: run, serve"),
+        (["rnu"], "unknown command 'rnu'; did you mean 'run'?"),
+        (["zzz"], "unknown command 'zzz'; the commands are run, serve"),
+        (["--bogus"], "unknown option '--bogus' before the command"),
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["run", "--groups"], "--groups: expected one argument"),
+    ],
+)
+def test_top_level_usage_errors_are_one_line(capsys, argv, says):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_argument_types_apply_the_library_rules():
+    assert log_level("info") == "INFO"
+    assert port("0") == 0 and port("65535") == 65535
+    for bad in ("-1", "65536", "80.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="0 to 65535"):
+            port(bad)
+
+
+def test_exception_groups_are_summarized_in_one_line():
+    inner = ValueError("bad\nreward")
+    inner.add_note("rollout_trio: raised in slot 3 of a group of 8")
+    group = ExceptionGroup("outer", [ExceptionGroup("inner", [inner]), TimeoutError()])
+    text = describe_exception(group)
+    assert "\n" not in text
+    assert text == "2 failures; the first: ValueError: bad reward (rollout_trio: raised in slot 3 of a group of 8)"
+    assert describe_exception(ExceptionGroup("one", [KeyError("k")])) == "KeyError: 'k'"
+
+
+# ------------------------------------------------------------------ as a real process
+
+
+def rollout_trio(*argv, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "rollout_trio", *argv], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_an_unavailable_device_is_one_line_exit_1_and_a_traceback_only_with_debug():
+    # cuda:99 exists on no machine (with or without a GPU)
+    plain = rollout_trio("run", "--device", "cuda:99")
+    assert plain.returncode == 1, plain.stderr
+    assert len(plain.stderr.strip().splitlines()) == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("rollout-trio run: error: --device cuda:99: ")
+    debug = rollout_trio("run", "--device", "cuda:99", "--debug")
+    assert debug.returncode == 1
+    assert debug.stderr.startswith("Traceback (most recent call last):")
+    assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
+
+
+def test_a_usage_error_exits_2_from_a_real_process():
+    proc = rollout_trio("serve", "--segment-tokens", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "--segment-tokens: must be an integer >= 1" in proc.stderr
+
+
+async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False):
+    """Start ``rollout-trio *argv``, send SIGINT once stderr (or stdout) matches ``progress``;
+    return (exit status, stdout, stderr)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "rollout_trio", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    out, err = bytearray(), bytearray()
+
+    async def drain(stream, into):
+        async for chunk in stream:
+            into += chunk
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                (watched, seen), (other, rest) = ((proc.stderr, err), (proc.stdout, out))[:: -1 if on_stdout else 1]
+                nursery.start_soon(drain, other, rest)
+                while not progress.search(seen):
+                    chunk = await watched.receive_some()
+                    assert chunk, f"exited before progress showed: {err.decode()}"
+                    seen += chunk
+                proc.send_signal(signal.SIGINT)
+                nursery.start_soon(drain, watched, seen)
+                await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_ctrl_c_prints_what_finished_and_exits_130():
+    rc, out, err = await _interrupt_once(
+        ["run", "--groups", "5000", "--group-size", "2", "--concurrency", "2"], re.compile(rb"\| [1-9]\d*/5000 ")
+    )
+    assert rc == 130, err
+    finished = re.findall(r"^\s*\d+  What is \d\+\d\? rewards \[", out, re.M)
+    assert 1 <= len(finished) < 5000
+    assert f"{len(finished) * 2} episodes in" in out
+    assert f"interrupted; {len(finished)} of 5000 groups finished" in err
+    assert "Traceback" not in err
+
+
+async def test_serve_exits_130_on_ctrl_c():
+    rc, out, err = await _interrupt_once(["serve", "--port", "0"], re.compile(rb"listening on"), on_stdout=True)
+    assert rc == 130, err
+    assert "Traceback" not in err
