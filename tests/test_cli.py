@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+import httpx
 import pytest
 import trio
 
@@ -178,9 +179,9 @@ def test_a_usage_error_exits_2_from_a_real_process():
     assert proc.stderr.count("\n") == 1 and "--segment-tokens: must be an integer >= 1" in proc.stderr
 
 
-async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False):
-    """Start ``rollout-trio *argv``, send SIGINT once stderr (or stdout) matches ``progress``;
-    return (exit status, stdout, stderr)."""
+async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False, before_interrupt=None):
+    """Start ``rollout-trio *argv``; once stderr (or stdout) matches ``progress``, await
+    ``before_interrupt(match)`` if given, then send SIGINT; return (exit status, stdout, stderr)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "rollout_trio", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
@@ -196,10 +197,12 @@ async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False)
             async with trio.open_nursery() as nursery:
                 (watched, seen), (other, rest) = ((proc.stderr, err), (proc.stdout, out))[:: -1 if on_stdout else 1]
                 nursery.start_soon(drain, other, rest)
-                while not progress.search(seen):
+                while (match := progress.search(seen)) is None:
                     chunk = await watched.receive_some()
                     assert chunk, f"exited before progress showed: {err.decode()}"
                     seen += chunk
+                if before_interrupt is not None:
+                    await before_interrupt(match)
                 proc.send_signal(signal.SIGINT)
                 nursery.start_soon(drain, watched, seen)
                 await proc.wait()
@@ -222,7 +225,16 @@ async def test_ctrl_c_prints_what_finished_and_exits_130():
     assert "Traceback" not in err
 
 
-async def test_serve_exits_130_on_ctrl_c():
-    rc, out, err = await _interrupt_once(["serve", "--port", "0"], re.compile(rb"listening on"), on_stdout=True)
-    assert rc == 130, err
-    assert "Traceback" not in err
+@pytest.mark.parametrize("level", ["INFO", None])
+async def test_serve_logs_requests_at_info_and_exits_130_on_ctrl_c(level):
+    async def request_health(match):
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(match[1].decode() + "/health")).status_code == 200
+
+    argv = ["serve", "--port", "0", *(["--log-level", level] if level else [])]
+    rc, out, err = await _interrupt_once(
+        argv, re.compile(rb"listening on (http://\S+)"), on_stdout=True, before_interrupt=request_health
+    )
+    assert rc == 130 and "Traceback" not in err, err
+    logged = re.search(r"INFO GET /health 200 \d+\.\d+s", err)
+    assert (logged is not None) == (level == "INFO"), err

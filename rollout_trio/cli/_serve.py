@@ -12,6 +12,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,22 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return engine, tokenizer, name
 
 
+def _access_logged(app: Any) -> Any:
+    """``app`` logging each request at INFO: method, path, status, seconds."""
+
+    async def handle(request: Any) -> Any:
+        started = time.perf_counter()
+        status: int | str = "cancelled"
+        try:
+            response = await app(request)
+            status = response.status
+            return response
+        finally:
+            log.info("%s %s %s %.3fs", request.method, request.path, status, time.perf_counter() - started)
+
+    return handle
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from ..server import HttpServer, SGLangApp
 
@@ -84,7 +101,7 @@ async def _serve(args: argparse.Namespace) -> int:
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
         )
         try:
-            listeners = await nursery.start(HttpServer(app).serve, args.host, args.port)
+            listeners = await nursery.start(HttpServer(_access_logged(app)).serve, args.host, args.port)
         except OSError as exc:  # a taken port, an unknown host
             raise CommandError(f"--host {args.host} --port {args.port}: cannot listen: {exc}") from exc
         host, bound = listeners[0].socket.getsockname()[:2]
