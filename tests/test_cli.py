@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from rollout_trio.cli import COMMANDS, main
-from rollout_trio.cli._common import describe_exception, log_level, port
+from rollout_trio.cli._common import CommandError, describe_exception, log_level, port, resolve_device
 
 #: command -> long flag -> (argv that gives it a bad value, exit status, what stderr must say)
 BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
@@ -140,6 +140,42 @@ def test_argument_types_apply_the_library_rules():
     for bad in ("-1", "65536", "80.5", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="0 to 65535"):
             port(bad)
+
+
+def test_run_and_serve_choose_the_device_the_same_way():
+    run, serve = (next(a for a in parser_of(c)._actions if "--device" in a.option_strings) for c in ("run", "serve"))
+    assert (run.type, run.default, run.help) == (serve.type, serve.default, serve.help)
+    sources = [importlib.import_module(COMMANDS[c][0], "rollout_trio.cli").__dict__ for c in ("run", "serve")]
+    assert all("load_model_and_tokenizer" in names for names in sources)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "requested", "chosen"),
+    [(0, None, "cpu"), (2, None, "cuda"), (2, "cuda:1", "cuda:1"), (0, "cpu", "cpu"), (2, "cpu", "cpu")],
+)
+def test_resolve_device_picks_cuda_when_present_and_keeps_what_exists(monkeypatch, gpus, requested, chosen):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert resolve_device(requested) == chosen
+
+
+@pytest.mark.parametrize(
+    ("gpus", "requested", "says"),
+    [
+        (0, "cuda", "--device cuda: CUDA is not available on this machine"),
+        (2, "cuda:2", "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+    ],
+)
+def test_resolve_device_refuses_what_is_missing(monkeypatch, gpus, requested, says):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(CommandError) as caught:
+        resolve_device(requested)
+    assert str(caught.value) == says
 
 
 def test_exception_groups_are_summarized_in_one_line():
