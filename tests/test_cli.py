@@ -272,5 +272,5 @@ async def test_serve_logs_requests_at_info_and_exits_130_on_ctrl_c(level):
         argv, re.compile(rb"listening on (http://\S+)"), on_stdout=True, before_interrupt=request_health
     )
     assert rc == 130 and "Traceback" not in err, err
-    logged = re.search(r"INFO GET /health 200 \d+\.\d+s", err)
+    logged = re.search(r"INFO .*GET /health.* 200\b", err)
     assert (logged is not None) == (level == "INFO"), err
