@@ -19,6 +19,13 @@ from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
+from .executor import ExecutorFailed as ExecutorFailed
+from .executor import RolloutConfig as RolloutConfig
+from .executor import RolloutExecutor as RolloutExecutor
+from .executor import SyncRolloutExecutor as SyncRolloutExecutor
+from .executor import TrajectoryDumper as TrajectoryDumper
+from .executor import read_dump as read_dump
+from .executor import open_executor as open_executor
 from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
 from ._group import GroupStatistics as GroupStatistics
 from ._group import run_group as run_group

@@ -13,6 +13,8 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("._run", "run_main", "grouped rollouts of toy arithmetic on the embedded engine; prints rewards and statistics"),
     "serve": ("._serve", "serve_main", "serve an embedded engine over SGLang's HTTP protocol"),
+    "inspect": ("._inspect", "inspect_main", "summarize a trajectory dump (terminal, or one HTML page)"),
+    "replay": ("._replay", "replay_main", "re-run dumped episodes on their recorded answers (no model); report rows that differ"),
 }
 
 _PROG = "rollout-trio"

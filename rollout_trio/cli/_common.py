@@ -250,13 +250,13 @@ class Interrupt:
 
 
 @asynccontextmanager
-async def interruptible() -> AsyncIterator[Interrupt]:
+async def interruptible(notice: str | None = None) -> AsyncIterator[Interrupt]:
     """Cancel the block's work on Ctrl-C instead of raising ``KeyboardInterrupt`` into it.
 
     The block ends as a cancelled block does (in-flight requests are aborted, finished
     results kept); the yielded :class:`Interrupt` tells whether that happened, so the command
-    can print what finished and exit with :data:`EXIT_INTERRUPTED`. A second Ctrl-C after the
-    block ended raises ``KeyboardInterrupt`` as usual.
+    can print what finished and exit with :data:`EXIT_INTERRUPTED`. ``notice`` goes to stderr
+    at once when Ctrl-C arrives. A Ctrl-C after the block ended raises ``KeyboardInterrupt``.
     """
     interrupt = Interrupt()
     with trio.open_signal_receiver(signal.SIGINT) as signals:
@@ -265,6 +265,8 @@ async def interruptible() -> AsyncIterator[Interrupt]:
             async def watch() -> None:
                 async for _ in signals:
                     interrupt.received = True
+                    if notice is not None:
+                        print(notice, file=sys.stderr, flush=True)
                     nursery.cancel_scope.cancel()
                     return
 

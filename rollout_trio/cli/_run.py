@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import re
 import sys
@@ -13,14 +14,13 @@ from typing import Any
 
 import torch
 import trio
-from tqdm import tqdm
 
 from .. import workflow_context
 from .._config import GenerationConfig
-from .._group import GroupedRolloutWorkflow
 from .._stats import StatsRecorder
 from .._trajectory import Trajectory
 from ..engines import LocalEngine
+from ..executor import RolloutConfig, TaskOutcome, open_executor
 from ..workflows import rlvr_workflow
 from ._common import (
     EXIT_INTERRUPTED,
@@ -66,11 +66,25 @@ def arithmetic_reward(completion: str, data: Mapping[str, Any]) -> float:
 def _parser() -> Parser:
     p = Parser(
         "rollout-trio run",
-        "Run grouped rollouts of toy arithmetic on the embedded engine and print rewards and group statistics.",
+        "Run grouped rollouts of toy arithmetic on the embedded engine through the executor, "
+        "printing each group as it finishes, then group statistics. Ctrl-C stops new work, "
+        "aborts the episodes in flight, prints the summary and exits 130.",
     )
     p.add_argument("--groups", type=positive_int, default=16, help="prompts (one group each)")
     p.add_argument("--group-size", type=positive_int, default=8, help="samples per prompt (G)")
     p.add_argument("--concurrency", type=positive_int, default=4, help="groups in flight at once")
+    p.add_argument(
+        "--consumer-batch-size",
+        type=positive_int,
+        default=None,
+        help="groups the consumer takes per batch (default: --concurrency)",
+    )
+    p.add_argument(
+        "--max-head-offpolicyness",
+        type=non_negative_int,
+        default=1000,
+        help="versions a batch may lag (the run never bumps the version)",
+    )
     p.add_argument(
         "--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)"
     )
@@ -91,10 +105,22 @@ def _parser() -> Parser:
         help="seeds the prompts and sampling; the same seed gives the same samples whatever the scheduling",
     )
     p.add_argument(
+        "--episode-timeout",
+        type=positive_float,
+        default=None,
+        help="seconds one group may take; a group past it counts as failed (default: no limit)",
+    )
+    p.add_argument(
         "--timeout",
         type=positive_float,
         default=None,
-        help="seconds before the whole run is abandoned (default: no deadline)",
+        help="seconds before the whole run stops as if interrupted (default: no limit)",
+    )
+    p.add_argument(
+        "--dump",
+        metavar="DIR",
+        default=None,
+        help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md; default: no dump)",
     )
     return p
 
@@ -108,67 +134,104 @@ def _shown(rewards: torch.Tensor) -> str:
     return f"[{' '.join(f'{r:.1f}' for r in rewards.tolist())}]  mean {rewards.mean():.2f}"
 
 
+class _Summary:
+    """Streams one line per finished group and counts the outcomes."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.counts: dict[str, int] = {"accepted": 0, "dropped": 0, "failed": 0}
+        self.episodes = 0
+
+    def header(self) -> None:
+        print(f"group  question     per-slot rewards (G={self.group_size})", flush=True)
+
+    def on_outcome(self, outcome: TaskOutcome) -> None:
+        if outcome.status == "cancelled":
+            return
+        k = outcome.data["index"]
+        question = outcome.data["messages"][0]["content"]
+        traj = outcome.trajectory
+        if outcome.status == "accepted" and isinstance(traj, Trajectory):
+            assert traj.rewards is not None
+            line = f"{k:>3}  {question:<12} rewards "
+            if traj.original_rewards is not None:  # --reward-normalization: both, so the change shows
+                line += f"{_shown(traj.original_rewards)}  normalized {_shown(traj.rewards)}"
+            else:
+                line += _shown(traj.rewards)
+            self.counts["accepted"] += 1
+        elif outcome.status == "failed":
+            line = f"{k:>3}  {question:<12} failed ({outcome.reason})"
+            self.counts["failed"] += 1
+        else:
+            line = f"{k:>3}  {question:<12} dropped"
+            self.counts["dropped"] += 1
+        self.episodes += self.group_size
+        print(line, flush=True)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    prompts = arithmetic_prompts(args.groups, seed=args.seed)
+    prompts = [dict(p, index=k) for k, p in enumerate(arithmetic_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
+    summary = _Summary(args.group_size)
+    batch_size = args.consumer_batch_size or args.concurrency
+    config = RolloutConfig(
+        consumer_batch_size=batch_size,
+        max_concurrent_rollouts=args.concurrency,
+        max_head_offpolicyness=args.max_head_offpolicyness,
+        queue_size=max(batch_size, args.concurrency) * 16,
+        episode_timeout=args.episode_timeout,
+        dump_to_file=args.dump is not None,
+        fileroot=args.dump,
+        experiment_name="run" if args.dump is not None else None,
+        trial_name=f"seed{args.seed}" if args.dump is not None else None,
+    )
     started = time.perf_counter()
     engine = await trio.to_thread.run_sync(_build_engine, args)
-    lines: list[str | None] = [None] * len(prompts)
-    async with engine, interruptible() as interrupt:
+    async with engine:
         workflow = rlvr_workflow(
             engine.tokenizer,
             arithmetic_reward,
             GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
         )
-        group = GroupedRolloutWorkflow(
-            workflow, args.group_size, reward_normalization=args.reward_normalization, stats=stats
-        )
-        limiter = trio.CapacityLimiter(args.concurrency)
-        with tqdm(total=len(prompts), unit="group", file=sys.stderr, dynamic_ncols=True) as bar:
-
-            async def one(k: int, data: dict[str, Any]) -> None:
-                async with limiter:
-                    with workflow_context.use(workflow_context.WorkflowContext(task_id=k)):
-                        traj = await group.arun_episode(engine, data)
-                question = data["messages"][0]["content"]
-                if traj is None:
-                    lines[k] = f"{k:>3}  {question:<12} dropped"
-                else:
-                    assert isinstance(traj, Trajectory)  # the RLVR workflow returns tensor rows
-                    assert traj.rewards is not None
-                    line = f"{k:>3}  {question:<12} rewards "
-                    if traj.original_rewards is not None:
-                        line += f"{_shown(traj.original_rewards)}  normalized {_shown(traj.rewards)}"
-                    else:
-                        line += _shown(traj.rewards)
-                    lines[k] = line
-                bar.update(1)
-
-            with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as deadline:
+        summary.header()
+        async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
+            with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
+                # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
                 with workflow_context.use_seed(args.seed):
-                    async with trio.open_nursery() as nursery:
-                        for k, data in enumerate(prompts):
-                            nursery.start_soon(one, k, data)
-            if deadline.cancelled_caught:
-                raise CommandError(f"--timeout {args.timeout}: the run did not finish in time")
+                    async with open_executor(engine, config, tokenizer=engine.tokenizer, stats=stats) as ex:
+                        remaining = len(prompts)
+                        while remaining:
+                            n = min(batch_size, remaining)
+                            await ex.prepare_batch(
+                                prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
+                                callback=summary.on_outcome, group_size=args.group_size,
+                                reward_normalization=args.reward_normalization,
+                            )  # fmt: skip
+                            remaining -= n
+    interrupted = interrupt.received
+    if work.cancelled_caught and not interrupted:
+        print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)
     elapsed = time.perf_counter() - started
-    finished = [line for line in lines if line is not None]
-    print(f"group  question     per-slot rewards (G={args.group_size})")
-    for line in finished:
-        print(line)
-    print(f"\ngroup statistics (mean over {len(finished)} groups):")
+    c = summary.counts
+    print(f"\n{c['accepted']} groups kept, {c['dropped']} dropped, {c['failed']} failed"
+          f"{f', {len(prompts) - sum(c.values())} not finished' if sum(c.values()) < len(prompts) else ''}")  # fmt: skip
+    print(f"\ngroup statistics (mean over {sum(c.values())} groups):")
     for key, value in stats.export().items():
         print(f"  {key:<40} {value:.3f}")
-    print(f"\n{len(finished) * args.group_size} episodes in {elapsed:.1f} s")
-    if interrupt.received:
-        print(f"rollout-trio run: interrupted; {len(finished)} of {len(prompts)} groups finished", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0
+    print(f"\n{summary.episodes} episodes in {elapsed:.1f} s")
+    if args.dump is not None:
+        print(f"trajectories dumped under {os.path.join(args.dump, 'run', f'seed{args.seed}')}")
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def _main(args: argparse.Namespace) -> int:
     if args.reward_normalization and args.group_size < 2:
         raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
+    if args.dump is not None:
+        try:
+            os.makedirs(args.dump, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"--dump {args.dump}: cannot create the directory: {exc.strerror}") from exc
     return trio.run(_run, args)
 
 

@@ -1,0 +1,277 @@
+"""``rollout-trio replay DUMP_DIR``: re-run dumped episodes through a workflow, without a model.
+
+Each task's dataset item goes through the workflow once per dumped row, against a
+:class:`~rollout_trio.engines.ReplayEngine` that answers with the recorded tokens; the
+rows the workflow builds are compared with the dumped ones (tokens, loss mask,
+logprobs, versions, truncation, raw reward). A row that differs points at the part of
+the workflow that is not a pure function of the model's output: the prompt, the
+packing, or the reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from .. import workflow_context
+from .._config import GenerationConfig
+from .._interaction import Interaction, interactions_to_trajectory
+from .._trajectory import Trajectory
+from .._workflow import RolloutWorkflow, resolve_workflow
+from ..engines import ReplayEngine, ReplayMismatchError
+from ..executor import DumpRecord, read_dump
+
+__all__ = ["compare_row", "load_workflow", "replay_main", "replay_task"]
+
+
+@attrs.frozen
+class TaskReplay:
+    """What replaying one task found: ``problems`` is empty when every row reproduced."""
+
+    is_eval: bool
+    task_id: int
+    versions: tuple[int, ...]
+    rows: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _rows_like_the_dumper(traj: Trajectory) -> list[dict[str, Any]]:
+    """The rows a dump would hold for ``traj`` (same skip rules), as plain lists."""
+    if traj.loss_mask is None or traj.rewards is None:
+        raise ValueError("the workflow's trajectory has no loss_mask or rewards; a dump of it would be empty")
+    raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
+    out = []
+    for i, seqlen in enumerate(traj.attention_mask.sum(dim=1).tolist()):
+        mask = traj.loss_mask[i, :seqlen].tolist()
+        if seqlen == 0 or mask[-1] != 1:
+            continue
+        out.append(
+            {
+                "input_ids": traj.input_ids[i, :seqlen].tolist(),
+                "loss_mask": mask,
+                "logprobs": None if traj.logprobs is None else traj.logprobs[i, :seqlen].tolist(),
+                "versions": None if traj.versions is None else traj.versions[i, :seqlen].tolist(),
+                "reward": float(raw[i]),
+                "is_truncated": None if traj.is_truncated is None else bool(traj.is_truncated[i]),
+            }
+        )
+    return out
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any], close: bool = False) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if (abs(x - y) > 1e-6) if close else (x != y):
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_row(row: Mapping[str, Any], record: DumpRecord, tokenizer: Any = None) -> list[str]:
+    """How a replayed row differs from its dumped record (empty when it reproduces)."""
+    assert record.tokens is not None
+    t = record.tokens
+    where = f"row #{record.sample_idx}"
+    problems = []
+    at = _first_difference(row["input_ids"], t.input_ids)
+    if at is not None:
+        part = "prompt" if at < record.prompt_len else "completion"
+        shown = ""
+        if tokenizer is not None:
+            got = tokenizer.decode(row["input_ids"][at:at + 10], skip_special_tokens=False)
+            want = tokenizer.decode(list(t.input_ids[at:at + 10]), skip_special_tokens=False)
+            shown = f": {got!r} vs dumped {want!r}"
+        problems.append(f"{where}: input_ids differ from token {at} ({part}){shown}")
+    else:
+        for key, dumped, close in (("loss_mask", t.loss_mask, False), ("versions", t.versions, False), ("logprobs", t.logprobs, True)):
+            if row[key] is None or dumped is None:
+                continue
+            at = _first_difference(row[key], dumped, close)
+            if at is not None:
+                problems.append(f"{where}: {key} differ at token {at}: {row[key][at]} vs dumped {dumped[at]}")
+    if not math.isclose(row["reward"], record.raw_reward, rel_tol=1e-6, abs_tol=1e-6):
+        problems.append(f"{where}: reward {row['reward']:.6g} vs dumped {record.raw_reward:.6g}")
+    if row["is_truncated"] is not None and record.is_truncated is not None and row["is_truncated"] != record.is_truncated:
+        problems.append(f"{where}: is_truncated {row['is_truncated']} vs dumped {record.is_truncated}")
+    return problems
+
+
+def _as_trajectory(result: Any) -> Trajectory | None:
+    if result is None or isinstance(result, Trajectory):
+        return result
+    if isinstance(result, Mapping) and result and all(isinstance(v, Interaction) for v in result.values()):
+        return interactions_to_trajectory(result)
+    if isinstance(result, Mapping):
+        return Trajectory.from_dict(result) if result else None
+    raise TypeError(f"the workflow returned {type(result).__name__}; expected a Trajectory, a dict or None")
+
+
+async def replay_task(
+    workflow: RolloutWorkflow, engine: ReplayEngine, data: Any, records: Sequence[DumpRecord], tokenizer: Any = None
+) -> TaskReplay:
+    """Run ``workflow`` on ``data`` until it has rebuilt as many rows as ``records`` (one task's dump)."""
+    first = records[0]
+    report = TaskReplay(first.is_eval, first.task_id, tuple(sorted({r.version for r in records})), len(records), [])
+    pending = list(records)
+    slot = 0
+    while pending:
+        ctx = workflow_context.WorkflowContext(
+            is_eval=first.is_eval, task_id=first.task_id, sample_idx=slot, group_size=len(records)
+        )
+        before = engine.answered
+        try:
+            with workflow_context.use(ctx):
+                traj = _as_trajectory(await workflow.arun_episode(engine, data))
+            rows = [] if traj is None else _rows_like_the_dumper(traj)
+        except ReplayMismatchError as exc:
+            report.problems.append(f"slot {slot}: {exc}")
+            break
+        except Exception as exc:  # the report says which task failed and how; the others still run
+            report.problems.append(f"slot {slot}: the workflow raised {type(exc).__name__}: {exc}")
+            break
+        if not rows:
+            report.problems.append(f"slot {slot}: the workflow returned no row to compare (None, or rows a dump skips)")
+            break
+        for row in rows:
+            if not pending:
+                report.problems.append(f"slot {slot}: the workflow built more rows than the {len(records)} dumped")
+                break
+            report.problems.extend(compare_row(row, pending.pop(0), tokenizer))
+        if engine.answered == before:  # a workflow that never asks the engine would loop forever
+            report.problems.append(f"slot {slot}: the workflow made no generation request")
+            break
+        slot += 1
+    return report
+
+
+def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> RolloutWorkflow:
+    """The workflow named ``module:attribute`` (a synchronous function is a factory called with
+    the tokenizer), or by default the main job's: RLVR on toy arithmetic."""
+    if spec is None:
+        from ..workflows import rlvr_workflow
+        from ._run import arithmetic_reward
+
+        return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
+    module_name, _, attr = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if inspect.isfunction(obj) and not inspect.iscoroutinefunction(obj):
+        obj = obj(tokenizer)
+    return resolve_workflow(obj)
+
+
+def load_data(path: str | None, task_ids: Sequence[int], seed: int) -> Callable[[int], Any]:
+    """``task_id -> dataset item``: line ``k`` of a JSONL file (or item ``k`` of a JSON list),
+    or by default the main job's arithmetic prompts for ``seed``."""
+    if path is None:
+        from ._run import arithmetic_prompts
+
+        items: list[Any] = arithmetic_prompts(max(task_ids) + 1, seed=seed) if task_ids else []
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+        items = json.loads(text) if path.endswith(".json") else [json.loads(line) for line in text.splitlines() if line.strip()]
+        if not isinstance(items, list):
+            raise ValueError(f"--data {path}: expected a JSON list or JSON lines")
+
+    def item(task_id: int) -> Any:
+        if not 0 <= task_id < len(items):
+            raise ValueError(f"--data has {len(items)} items; task {task_id} has none")
+        return items[task_id]
+
+    return item
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line and exit 2, not argparse's usage block
+        raise _UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(
+        prog="rollout-trio replay",
+        description="Re-run dumped episodes through a workflow against the recorded generations (no model) "
+        "and report, per task, whether the tokens and rewards reproduce. Exit status 0 when all do, 1 otherwise.",
+    )
+    p.add_argument("dump_dir", metavar="DUMP_DIR", help="a dump directory (any level of the layout) or one .jsonl file")
+    p.add_argument("--workflow", metavar="MODULE:NAME", help="the workflow (or a factory taking the tokenizer); default: the main job's RLVR arithmetic workflow")
+    p.add_argument("--data", metavar="FILE", help="dataset items, one per task id (JSON lines or a JSON list); default: the main job's prompts for --seed")
+    p.add_argument("--seed", type=int, default=0, help="the main job's --seed, for its default prompts; default 0")
+    p.add_argument("--task", type=int, action="append", metavar="ID", help="replay only this task id (repeatable)")
+    p.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="the default workflow's limit, as the main job's; default 8")
+    return p
+
+
+async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
+    records = read_dump(args.dump_dir)
+    if not records:
+        raise ValueError(f"no dump records under {args.dump_dir}")
+    by_task: dict[tuple[bool, int], list[DumpRecord]] = {}
+    for r in records:
+        if args.task is None or r.task_id in args.task:
+            by_task.setdefault((r.is_eval, r.task_id), []).append(r)
+    if not by_task:
+        raise ValueError(f"tasks {args.task} are not in the dump")
+    workflow = load_workflow(args.workflow, tokenizer, args.max_new_tokens)
+    data = load_data(args.data, [task for _, task in by_task], args.seed)
+    engine = ReplayEngine([r for rows in by_task.values() for r in rows], tokenizer=tokenizer)
+    reports = []
+    async with engine:
+        for (is_eval, task_id), rows in sorted(by_task.items()):
+            rows.sort(key=lambda r: r.sample_idx)
+            report = await replay_task(workflow, engine, data(task_id), rows, tokenizer)
+            reports.append(report)
+            name = f"{'eval ' if is_eval else ''}task {task_id}"
+            versions = ",".join(map(str, report.versions))
+            if report.ok:
+                print(f"{name:<16} v{versions:<6} {report.rows} rows reproduce")
+            else:
+                print(f"{name:<16} v{versions:<6} DIFFERS")
+                for problem in report.problems:
+                    print(f"    {problem}")
+    bad = sum(not r.ok for r in reports)
+    print(f"\n{len(reports)} tasks replayed: {len(reports) - bad} reproduce, {bad} differ")
+    return 1 if bad else 0
+
+
+def replay_main(argv: list[str]) -> int:
+    """Entry point of ``rollout-trio replay``."""
+    try:
+        args = _parser().parse_args(argv)
+        if args.workflow is not None and ":" not in args.workflow:
+            raise _UsageError(f"--workflow must be MODULE:NAME, got {args.workflow!r}")
+        if args.max_new_tokens < 1:
+            raise _UsageError("--max-new-tokens must be >= 1")
+    except _UsageError as exc:
+        print(f"rollout-trio replay: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
+        else:
+            from ..models import byte_tokenizer
+
+            tokenizer = byte_tokenizer()
+        return trio.run(_replay, args, tokenizer)
+    except (OSError, ValueError, ImportError, AttributeError, TypeError) as exc:
+        print(f"rollout-trio replay: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,149 @@
+"""``RolloutConfig``: the executor's settings (the reference's ``InferenceEngineConfig`` keys)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+
+from .._convert import converter
+from .._validate import is_int, is_real
+
+__all__ = ["RolloutConfig"]
+
+
+def _check(text: str, predicate: Any) -> Any:
+    """An attrs validator raising ``ValueError`` that names the field and the rule."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not predicate(value):
+            raise ValueError(f"RolloutConfig.{attribute.name}: must be {text}, got {value!r}")
+
+    return check
+
+
+_pos_int = _check("an integer >= 1", lambda v: is_int(v) and v >= 1)
+_opt_pos_int = _check("None or an integer >= 1", lambda v: v is None or (is_int(v) and v >= 1))
+_flag = _check("a bool", lambda v: isinstance(v, bool))
+_opt_name = _check("None or a string", lambda v: v is None or isinstance(v, str))
+
+
+@attrs.frozen(kw_only=True)
+class RolloutConfig:
+    """How the executor schedules rollouts.
+
+    Build it with keywords, :meth:`from_dict`, or :meth:`from_file` (YAML or JSON);
+    unknown keys are refused by name.
+
+    Attributes:
+        consumer_batch_size: trajectories the trainer consumes per version step (b).
+        max_concurrent_rollouts: episodes in flight at once (default: ``consumer_batch_size``).
+        max_head_offpolicyness: versions a trajectory may lag the trainer (s).
+        queue_size: the most finished trajectories held for the trainer, and the most
+            episodes running plus held (default ``16 * max_concurrent_rollouts``).
+        on_workflow_error: ``"reject"`` counts a raising workflow as a failed task;
+            ``"raise"`` stops the executor (``ExecutorFailed``) on the first one.
+        episode_timeout: seconds one task may run; a timed-out task counts as failed.
+        check_trajectory_format: validate every result with ``check_trajectory_format``
+            and require the keys of the first one in every later one.
+        deterministic_sampling: ``wait`` returns results in task-id order instead of
+            task start order.
+        version_poll_interval: how often a capacity-starved executor re-reads the
+            engine's version (bumps made through :meth:`RolloutExecutor.set_version`
+            are seen at once).
+        dump_to_file, fileroot, experiment_name, trial_name: JSONL trajectory dumps under
+            ``{fileroot}/{experiment_name}/{trial_name}/``.
+    """
+
+    consumer_batch_size: int = attrs.field(default=1, validator=_pos_int)
+    max_concurrent_rollouts: int | None = attrs.field(default=None, validator=_opt_pos_int)
+    max_head_offpolicyness: int = attrs.field(
+        default=0, validator=_check("an integer >= 0", lambda v: is_int(v) and v >= 0)
+    )
+    queue_size: int | None = attrs.field(default=None, validator=_opt_pos_int)
+    on_workflow_error: str = attrs.field(  # "reject" | "raise" (validated, so the error names the field)
+        default="reject", validator=_check("'reject' or 'raise'", lambda v: v in ("reject", "raise"))
+    )
+    episode_timeout: float | None = attrs.field(
+        default=None, validator=_check("None or a number of seconds > 0", lambda v: v is None or (is_real(v) and v > 0))
+    )
+    check_trajectory_format: bool = attrs.field(default=False, validator=_flag)
+    deterministic_sampling: bool = attrs.field(default=False, validator=_flag)
+    version_poll_interval: float = attrs.field(
+        default=0.05, validator=_check("a number of seconds > 0", lambda v: is_real(v) and v > 0)
+    )
+    dump_to_file: bool = attrs.field(default=False, validator=_flag)
+    fileroot: str | None = attrs.field(default=None, validator=_opt_name)
+    experiment_name: str | None = attrs.field(default=None, validator=_opt_name)
+    trial_name: str | None = attrs.field(default=None, validator=_opt_name)
+
+    @property
+    def concurrency(self) -> int:
+        """``max_concurrent_rollouts``, defaulting to ``consumer_batch_size`` (before DP scaling)."""
+        return self.max_concurrent_rollouts or self.consumer_batch_size
+
+    @property
+    def queue_capacity(self) -> int:
+        """``queue_size``, defaulting to ``16 * concurrency`` (never DP-scaled)."""
+        return self.queue_size or self.concurrency * 16
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RolloutConfig:
+        """Build from a plain mapping (e.g. a parsed config file).
+
+        Raises:
+            ValueError: an unknown key (named), or a value breaking a field's rule.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"RolloutConfig: expected a mapping of settings, got {type(data).__name__}")
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise ValueError(f"RolloutConfig: unknown keys {unknown}; known keys are {sorted(known)}")
+        try:
+            return converter.structure(dict(data), cls)
+        except cattrs.BaseValidationError as exc:
+            raise ValueError(f"RolloutConfig: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith("RolloutConfig"):
+                raise
+            raise ValueError(f"RolloutConfig: {exc}") from exc
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> RolloutConfig:
+        """Read a YAML (``.yaml``/``.yml``) or JSON file.
+
+        A top-level ``rollout:`` section is used when present, so one trainer config
+        file can hold it next to other sections.
+        """
+        path = os.fspath(path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+        if isinstance(data, Mapping) and isinstance(data.get("rollout"), Mapping) and len(data) == 1:
+            data = data["rollout"]
+        return cls.from_dict(data if data is not None else {})
+
+    @classmethod
+    def coerce(cls, config: RolloutConfig | Mapping[str, Any] | None, **overrides: Any) -> RolloutConfig:
+        """``config`` (a RolloutConfig, a mapping or None) with keyword ``overrides`` applied."""
+        if config is None:
+            config = {}
+        if isinstance(config, Mapping):
+            return cls.from_dict({**config, **overrides})
+        if not isinstance(config, cls):
+            raise TypeError(f"config: expected a RolloutConfig or a mapping, got {type(config).__name__}")
+        return attrs.evolve(config, **overrides) if overrides else config
+
+
+# Resolved here, while __module__ still names this module (the package re-exports it).
+attrs.resolve_types(RolloutConfig)

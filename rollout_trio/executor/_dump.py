@@ -1,0 +1,559 @@
+"""Trajectory dumps: one JSONL line per trajectory row, and the reader that loads them back.
+
+Layout (DESIGN decision 9)::
+
+    {fileroot}/{experiment_name}/{trial_name}/{rollout|eval-rollout}/{version}/{task_id}.jsonl
+
+``version`` is the highest weight version in the trajectory. Each line holds the keys of
+the reference's record, in its order (``task_id, sample_idx, seqlen, prompt_len,
+head_version, tail_version, version_rle, reward, prompt, completion[, segments]
+[, original_reward]``), then our extensions ``accepted`` and ``tokens`` (the row's
+``input_ids``, ``loss_mask``, ``logprobs`` and ``versions`` over its ``seqlen``
+positions) and, when the trajectory says so, ``is_truncated``.
+
+Writing is safe for several processes appending to one directory: each line is one
+``write`` on an ``O_APPEND`` descriptor, under a per-file lock (a thread lock within the
+process, ``flock`` across processes), and a failed write is cut back off the file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from .._trajectory import Trajectory
+
+__all__ = [
+    "DumpRecord",
+    "DumpSegment",
+    "DumpStatistics",
+    "DumpTokens",
+    "TrajectoryDumper",
+    "compute_output_versions",
+    "read_dump",
+    "split_trajectory_for_dump",
+]
+
+logger = logging.getLogger("rollout_trio.dump")
+
+#: What ``experiment_name`` and ``trial_name`` must match: no separators, no ``..``, no leading dot.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SCOPES = {"rollout": False, "eval-rollout": True}
+_MISSING = "missing required tensor fields: input_ids, rewards, attention_mask, or loss_mask"
+
+
+# ---------------------------------------------------------------------------- records
+
+
+@attrs.frozen
+class DumpSegment:
+    """One run of equal ``loss_mask`` values in a multi-generation row."""
+
+    role: Literal["prompt", "gen", "context"]
+    len: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class DumpTokens:
+    """A row's attended positions (``seqlen`` of each); ``logprobs`` is None if the row had none."""
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    versions: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DumpRecord:
+    """One dumped row, as :func:`read_dump` loads it.
+
+    The fields are the JSONL keys, plus ``version`` and ``is_eval`` taken from the
+    file's path. ``tokens`` is None for dumps written without it (e.g. by AReaL), and
+    ``is_truncated`` is None when the trajectory did not say.
+    """
+
+    task_id: int
+    sample_idx: int
+    seqlen: int
+    prompt_len: int
+    head_version: int
+    tail_version: int
+    version_rle: tuple[tuple[int, int], ...]
+    reward: float
+    prompt: str
+    completion: str
+    segments: tuple[DumpSegment, ...] | None = None
+    original_reward: float | None = None
+    accepted: bool = True
+    tokens: DumpTokens | None = None
+    is_truncated: bool | None = None
+    version: int
+    is_eval: bool
+
+    @property
+    def raw_reward(self) -> float:
+        """The reward before normalization (``original_reward`` if recorded, else ``reward``)."""
+        return self.reward if self.original_reward is None else self.original_reward
+
+    def to_trajectory(self) -> Trajectory:
+        """This row as a one-row :class:`Trajectory`, e.g. to re-run a trainer step on a dump."""
+        import torch
+
+        if self.tokens is None:
+            raise ValueError(f"task {self.task_id} sample {self.sample_idx}: the record has no 'tokens'; cannot rebuild it")
+        t = self.tokens
+
+        def row(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([list(values)], dtype=dtype)
+
+        n = len(t.input_ids)
+        return Trajectory(
+            input_ids=row(t.input_ids, torch.int64),
+            attention_mask=torch.ones(1, n, dtype=torch.bool),
+            loss_mask=row(t.loss_mask, torch.int64),
+            logprobs=None if t.logprobs is None else row(t.logprobs, torch.float32),
+            versions=row(t.versions, torch.int64),
+            rewards=torch.tensor([self.reward], dtype=torch.float32),
+            original_rewards=None if self.original_reward is None else torch.tensor([self.original_reward], dtype=torch.float32),
+            is_truncated=None if self.is_truncated is None else torch.tensor([self.is_truncated]),
+        )
+
+
+# ---------------------------------------------------------------------------- pure helpers
+
+
+def compute_output_versions(versions: Sequence[int], mask: Sequence[int]) -> tuple[int, int, list[list[int]]]:
+    """``(head, tail, rle)`` of the versions at ``mask == 1`` positions, in token order.
+
+    ``head``/``tail`` are the min/max (-1 when no position is masked in); ``rle`` merges
+    adjacent equal versions into ``[version, count]`` runs.
+    """
+    out = [v for v, m in zip(versions, mask, strict=True) if m == 1]
+    if not out:
+        return -1, -1, []
+    rle: list[list[int]] = []
+    for v in out:
+        if rle and rle[-1][0] == v:
+            rle[-1][1] += 1
+        else:
+            rle.append([v, 1])
+    return min(out), max(out), rle
+
+
+def _runs(mask: Sequence[int]) -> Iterator[tuple[int, int, int]]:
+    """Maximal runs of equal values: ``(value, start, end)``."""
+    start = 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            yield mask[start], start, i
+            start = i
+
+
+@attrs.frozen
+class DumpSplit:
+    """What :func:`split_trajectory_for_dump` returns."""
+
+    prompt_end: int
+    prompt_text: str
+    completion_text: str
+    segments: list[DumpSegment] | None
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def split_trajectory_for_dump(ids: Sequence[int], mask: Sequence[int], tokenizer: Any) -> DumpSplit:
+    """Split a row at its first generated token, and into segments if it has several generations.
+
+    Segments (only with two or more ``mask == 1`` runs) are ``gen`` for generated runs,
+    ``prompt`` for a non-generated run starting at index 0 and ``context`` for every
+    other non-generated run (DESIGN: unlike the reference, a run between generations is
+    never called the prompt).
+    """
+    if len(ids) != len(mask):
+        raise ValueError(f"ids length {len(ids)} != mask length {len(mask)}")
+    prompt_end = next((i for i, m in enumerate(mask) if m == 1), len(ids))
+    runs = list(_runs(mask))
+    segments = None
+    if sum(1 for value, _, _ in runs if value == 1) > 1:
+        segments = [
+            DumpSegment("gen" if value == 1 else ("prompt" if start == 0 else "context"), end - start, _decode(tokenizer, ids[start:end]))
+            for value, start, end in runs
+        ]
+    return DumpSplit(prompt_end, _decode(tokenizer, ids[:prompt_end]), _decode(tokenizer, ids[prompt_end:]), segments)
+
+
+def _as_trajectory(traj: Trajectory | Mapping[str, Any]) -> Trajectory:
+    return traj if isinstance(traj, Trajectory) else Trajectory.from_dict(traj)
+
+
+def trajectory_lines(
+    traj: Trajectory | Mapping[str, Any],
+    *,
+    task_id: int,
+    tokenizer: Any,
+    accepted: bool = True,
+    version: int | None = None,
+) -> tuple[int, list[str]]:
+    """The version directory and the JSONL lines (each ending in a newline) of one trajectory.
+
+    Rows with no attended token, or whose last attended token was not generated, are
+    skipped (their ``sample_idx`` leaves a gap). ``version`` stands in for a trajectory
+    without ``versions``. Raises ``ValueError`` when a required tensor is missing.
+    """
+    t = _as_trajectory(traj)
+    if t.rewards is None or t.loss_mask is None:
+        raise ValueError(_MISSING)
+    attn = t.attention_mask.sum(dim=1).tolist()
+    ids_rows = t.input_ids.tolist()
+    mask_rows = t.loss_mask.tolist()
+    rewards = t.rewards.tolist()
+    originals = None if t.original_rewards is None else t.original_rewards.tolist()
+    truncated = None if t.is_truncated is None else t.is_truncated.tolist()
+    logprob_rows = None if t.logprobs is None else t.logprobs.tolist()
+    if t.versions is not None:
+        version_rows = t.versions.tolist()
+        global_tail = int(t.versions.max())
+    else:
+        logger.warning("Trajectory missing 'versions' field, defaulting to current inference engine version.")
+        fallback = 0 if version is None else int(version)
+        version_rows = [[fallback if m == 1 else -1 for m in row] for row in mask_rows]
+        global_tail = fallback
+    lines = []
+    for i, seqlen in enumerate(attn):
+        if seqlen == 0:
+            continue
+        ids, mask = ids_rows[i][:seqlen], mask_rows[i][:seqlen]
+        if mask[-1] != 1:
+            continue
+        versions = version_rows[i][:seqlen]
+        head, tail, rle = compute_output_versions(versions, mask)
+        split = split_trajectory_for_dump(ids, mask, tokenizer)
+        record: dict[str, Any] = {
+            "task_id": task_id,
+            "sample_idx": i,
+            "seqlen": seqlen,
+            "prompt_len": split.prompt_end,
+            "head_version": head,
+            "tail_version": tail,
+            "version_rle": rle,
+            "reward": rewards[i],
+            "prompt": split.prompt_text,
+            "completion": split.completion_text,
+        }
+        if split.segments is not None:
+            record["segments"] = [{"role": s.role, "len": s.len, "text": s.text} for s in split.segments]
+        if originals is not None:
+            record["original_reward"] = originals[i]
+        record["accepted"] = accepted
+        record["tokens"] = {
+            "input_ids": ids,
+            "loss_mask": mask,
+            "logprobs": None if logprob_rows is None else logprob_rows[i][:seqlen],
+            "versions": versions,
+        }
+        if truncated is not None:
+            record["is_truncated"] = truncated[i]
+        lines.append(json.dumps(record) + "\n")
+    return global_tail, lines
+
+
+def validate_name(field: str, value: Any) -> str:
+    """``value`` if it is a safe single path component, else ``ValueError`` naming ``field``."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field}: required for dumps; expected a non-empty name, got {value!r}")
+    if NAME_PATTERN.fullmatch(value) is None:
+        raise ValueError(
+            f"{field}: must match {NAME_PATTERN.pattern} (a single path component, no separators or "
+            f"leading dot), got {value!r}"
+        )
+    return value
+
+
+def _is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+@attrs.frozen
+class DumpStatistics:
+    """Counters of a :class:`TrajectoryDumper`.
+
+    Attributes:
+        dumped: trajectories written (or with no row to write).
+        dump_failed: trajectories not (fully) written: an I/O error or a bad trajectory.
+        lines: lines written.
+        in_flight: dumps running now.
+    """
+
+    dumped: int
+    dump_failed: int
+    lines: int
+    in_flight: int
+
+
+# Per-file locks by striping: the same file always maps to the same lock, and the
+# number of locks stays fixed however many task files a long run creates.
+_STRIPES = 64
+
+
+class TrajectoryDumper:
+    """Writes trajectories as JSONL lines under ``{fileroot}/{experiment_name}/{trial_name}``.
+
+    Use it as ``async with dumper:``; ``await dumper.dump(traj, task_id=...)`` decodes and
+    writes in a worker thread and returns whether everything was written. A failure (disk
+    full, permission, a file where a directory should be) is logged and counted in
+    :meth:`statistics`, never raised: the trajectory itself is never lost to a dump.
+
+    Args:
+        fileroot: the directory every dump lies under.
+        experiment_name, trial_name: single path components matching :data:`NAME_PATTERN`.
+        tokenizer: anything with ``decode(ids, skip_special_tokens=False)``.
+        max_threads: worker threads decoding and writing at once.
+
+    Raises:
+        ValueError: naming the field, for a missing or unsafe piece.
+    """
+
+    def __init__(
+        self,
+        fileroot: str | os.PathLike[str],
+        experiment_name: str,
+        trial_name: str,
+        tokenizer: Any,
+        *,
+        max_threads: int = 2,
+    ) -> None:
+        if fileroot is None or not os.fspath(fileroot):
+            raise ValueError(f"fileroot: required for dumps; expected a directory, got {fileroot!r}")
+        validate_name("experiment_name", experiment_name)
+        validate_name("trial_name", trial_name)
+        if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+            raise ValueError(f"tokenizer: required for dumps; expected an object with decode(), got {tokenizer!r}")
+        if max_threads < 1:
+            raise ValueError(f"max_threads: must be >= 1, got {max_threads!r}")
+        self._root = os.path.realpath(os.fspath(fileroot))
+        self.directory = Path(self._root, experiment_name, trial_name)
+        if not _is_under(os.path.realpath(self.directory), self._root):
+            raise ValueError(f"experiment_name/trial_name: {self.directory} resolves outside fileroot {self._root}")
+        self.tokenizer = tokenizer
+        self._limiter = trio.CapacityLimiter(max_threads)
+        self._locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._dumped = self._failed = self._lines = self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._state: Literal["new", "open", "closed"] = "new"
+
+    async def __aenter__(self) -> TrajectoryDumper:
+        if self._state != "new":
+            raise RuntimeError("a TrajectoryDumper can be entered once")
+        self._state = "open"
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._state = "closed"
+        # Dumps still in flight in other tasks finish their lines; wait for them, bounded.
+        with trio.CancelScope(shield=True), trio.move_on_after(60) as scope:
+            await self._idle.wait()
+        if scope.cancelled_caught:
+            logger.warning("trajectory dumps still running after 60 s at close: %d", self._in_flight)
+
+    def path_for(self, *, task_id: int, version: int, is_eval: bool = False) -> Path:
+        """Where the lines of ``task_id`` at ``version`` go."""
+        if type(task_id) is not int:
+            raise TypeError(f"task_id: must be an int, got {task_id!r}")
+        return self.directory / ("eval-rollout" if is_eval else "rollout") / str(int(version)) / f"{task_id}.jsonl"
+
+    def statistics(self) -> DumpStatistics:
+        """The counters so far."""
+        return DumpStatistics(self._dumped, self._failed, self._lines, self._in_flight)
+
+    async def dump(
+        self,
+        traj: Trajectory | Mapping[str, Any] | None,
+        *,
+        task_id: int,
+        is_eval: bool = False,
+        accepted: bool = True,
+        version: int | None = None,
+    ) -> bool:
+        """Write ``traj``'s rows; True when every line was written.
+
+        ``accepted`` is False for a trajectory the acceptance filter rejected.
+        ``version`` (the engine's current version) stands in for missing ``versions``.
+        A ``None`` trajectory writes nothing and returns False.
+        """
+        if self._state != "open":
+            raise trio.ClosedResourceError("the TrajectoryDumper is not open (use `async with dumper:`)")
+        if type(task_id) is not int:
+            raise TypeError(f"task_id: must be an int, got {task_id!r}")
+        if traj is None:
+            await trio.lowlevel.checkpoint()
+            return False
+        self._in_flight += 1
+        self._idle = trio.Event() if self._in_flight == 1 else self._idle
+        try:
+            ok, lines = await trio.to_thread.run_sync(
+                self._dump_sync, traj, task_id, is_eval, accepted, version, limiter=self._limiter
+            )
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        self._lines += lines
+        if ok:
+            self._dumped += 1
+        else:
+            self._failed += 1
+        return ok
+
+    def _dump_sync(
+        self, traj: Trajectory | Mapping[str, Any], task_id: int, is_eval: bool, accepted: bool, version: int | None
+    ) -> tuple[bool, int]:
+        try:
+            tail, lines = trajectory_lines(traj, task_id=task_id, tokenizer=self.tokenizer, accepted=accepted, version=version)
+        except Exception as exc:  # a bad trajectory must not take the run down with it
+            logger.warning("trajectory dump of task %d failed: %s", task_id, exc)
+            return False, 0
+        if not lines:
+            return True, 0
+        path = self.path_for(task_id=task_id, version=tail, is_eval=is_eval)
+        try:
+            return True, self._append(path, lines)
+        except OSError as exc:
+            logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, exc)
+            return False, 0
+
+    def _append(self, path: Path, lines: list[str]) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A symlink planted inside the tree (a directory, or the file: O_NOFOLLOW) must not
+        # carry writes out of fileroot.
+        if not _is_under(os.path.realpath(path.parent), self._root):
+            raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            with self._locks[hash(str(path)) % _STRIPES]:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    for line in lines:
+                        _write_line(fd, line.encode())
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        return len(lines)
+
+
+def _write_line(fd: int, data: bytes) -> None:
+    """One ``write`` (a regular file takes it whole); on failure, cut any partial line back off."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # only on a filling disk; the next write reports the error
+            written += os.write(fd, data[written:])
+    except OSError:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _segments(value: Any) -> tuple[DumpSegment, ...] | None:
+    if value is None:
+        return None
+    return tuple(DumpSegment(s["role"], int(s["len"]), str(s["text"])) for s in value)
+
+
+def _tokens(value: Any) -> DumpTokens | None:
+    if value is None:
+        return None
+    logprobs = value.get("logprobs")
+    return DumpTokens(
+        input_ids=tuple(int(v) for v in value["input_ids"]),
+        loss_mask=tuple(int(v) for v in value["loss_mask"]),
+        logprobs=None if logprobs is None else tuple(float(v) for v in logprobs),
+        versions=tuple(int(v) for v in value["versions"]),
+    )
+
+
+def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    truncated = obj.get("is_truncated")
+    original = obj.get("original_reward")
+    return DumpRecord(
+        task_id=int(obj["task_id"]),
+        sample_idx=int(obj["sample_idx"]),
+        seqlen=int(obj["seqlen"]),
+        prompt_len=int(obj["prompt_len"]),
+        head_version=int(obj["head_version"]),
+        tail_version=int(obj["tail_version"]),
+        version_rle=tuple((int(v), int(c)) for v, c in obj["version_rle"]),
+        reward=float(obj["reward"]),
+        prompt=str(obj["prompt"]),
+        completion=str(obj["completion"]),
+        segments=_segments(obj.get("segments")),
+        original_reward=None if original is None else float(original),
+        accepted=bool(obj.get("accepted", True)),
+        tokens=_tokens(obj.get("tokens")),
+        is_truncated=None if truncated is None else bool(truncated),
+        version=version,
+        is_eval=is_eval,
+    )
+
+
+def _dump_file_key(path: Path) -> tuple[bool, int, int]:
+    """``(is_eval, version, task_id)`` from ``…/{scope}/{version}/{task_id}.jsonl``."""
+    scope, version, task = path.parent.parent.name, path.parent.name, path.stem
+    if scope not in SCOPES or not re.fullmatch(r"-?\d+", version) or not re.fullmatch(r"-?\d+", task):
+        raise ValueError(f"{path}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
+    return SCOPES[scope], int(version), int(task)
+
+
+def read_dump(path: str | os.PathLike[str]) -> list[DumpRecord]:
+    """Load a dump (a directory at any level of the layout, or one ``.jsonl`` file) into records.
+
+    Records come ordered by scope (training first), version, task id, then line order.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: naming the file and line, for a line that is not a dump record.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"dump path {str(root)!r} does not exist")
+    files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"))
+    keyed = sorted((_dump_file_key(f.absolute()), f) for f in files)
+    records: list[DumpRecord] = []
+    for (is_eval, version, _), file in keyed:
+        with file.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(_record(json.loads(line), version, is_eval))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ValueError(f"{file}:{lineno}: not a dump record: {exc!r}") from None
+    return records

@@ -1,0 +1,65 @@
+"""`rollout-trio run` on the executor: streaming lines, Ctrl-C, per-episode timeouts, dumps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout_trio.executor import read_dump
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "rollout_trio", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_ctrl_c_prints_what_finished_and_exits_130() -> None:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--concurrency", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("group  question")
+        first = proc.stdout.readline()  # a group streamed out as soon as it finished
+        assert "rewards [" in first or "dropped" in first, first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted: stopping new work" in err and "Traceback" not in err
+    assert "not finished" in out and "group statistics" in out
+    kept = int(out.split(" groups kept")[0].split()[-1])
+    assert 1 <= kept < 100000
+
+
+def test_episode_timeout_counts_groups_as_failed_not_fatal() -> None:
+    proc = run_cli("--groups", "3", "--group-size", "2", "--episode-timeout", "0.001")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("failed (timeout)") == 3
+    assert "0 groups kept, 0 dropped, 3 failed" in proc.stdout
+
+
+def test_dump_writes_every_row(tmp_path: Path) -> None:
+    proc = run_cli("--groups", "3", "--group-size", "2", "--dump", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    records = read_dump(tmp_path / "run" / "seed0")
+    assert len(records) == 6 and all(r.accepted for r in records)
+    assert sorted({r.task_id for r in records}) == [0, 1, 2]
+
+
+def test_bad_numbers_are_usage_errors() -> None:
+    for args in (["--episode-timeout", "0"], ["--max-head-offpolicyness", "-1"], ["--consumer-batch-size", "0"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "must be" in proc.stderr, args
