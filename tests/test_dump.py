@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 import trio
@@ -21,6 +22,7 @@ from rollout_trio import Trajectory
 from rollout_trio.executor import DumpRecord, TrajectoryDumper, read_dump
 from rollout_trio.executor._dump import (
     compute_output_versions,
+    iter_dump,
     split_trajectory_for_dump,
     trajectory_lines,
 )
@@ -554,8 +556,50 @@ def test_read_dump_names_the_file_and_line_of_a_bad_record(tmp_path):
     with pytest.raises(ValueError, match=r"4\.jsonl:1: not a dump record"):
         read_dump(tmp_path)
     (d / "4.jsonl").write_text("")
-    (d / "notes.jsonl").write_text("")
+    (d / "notes.jsonl").write_text("{}\n")  # a file beside the dump that is not one of its files
+    assert read_dump(tmp_path) == []
     with pytest.raises(ValueError, match="not a dump file"):
-        read_dump(tmp_path)
+        read_dump(d / "notes.jsonl")
     with pytest.raises(FileNotFoundError):
         read_dump(tmp_path / "missing")
+
+
+async def test_iter_dump_streams_light_records_and_parses_only_what_is_asked(tmp_path):
+    t = traj([[1, 2, 3], [1, 2, 4]], [[0, 1, 1], [0, 0, 1]], [[-1, 1, 2], [-1, -1, 2]], [0.5, 1.5])
+    async with TrajectoryDumper(tmp_path, "e", "t", CharTok()) as dumper:
+        for task in range(3):
+            await dumper.dump(t, task_id=task)
+    full = read_dump(tmp_path)
+    light = list(iter_dump(tmp_path, light=True))
+    assert len(light) == len(full) == 6
+    assert all(r.tokens is None and r.prompt == r.completion == "" and r.segments is None for r in light)
+    assert [attrs.evolve(r, tokens=None, prompt="", completion="", segments=None) for r in full] == light
+    assert list(iter_dump(tmp_path, only={1, 4})) == [full[1], full[4]]
+    (tmp_path / "e/t/rollout/2/1.jsonl").write_text("not json\n")
+    assert len(list(iter_dump(tmp_path, only={0}))) == 1  # unparsed lines may be anything
+    with pytest.raises(ValueError, match=r"1\.jsonl:1: not a dump record"):
+        list(iter_dump(tmp_path))
+
+
+async def test_a_tokenizer_directory_is_loaded_at_the_first_dump(tmp_path):
+    from rollout_trio.models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    with pytest.raises(ValueError, match="^tokenizer: expected a tokenizer directory"):
+        TrajectoryDumper(tmp_path / "root", "e", "t", str(tmp_path / "nothing-here"))
+    ids = tok.encode("7+1=8", add_special_tokens=False)
+    t = traj([ids], [[0, 0, 0, 0, 1]], [[-1, -1, -1, -1, 0]])
+    async with TrajectoryDumper(tmp_path / "root", "e", "t", tmp_path / "tok") as dumper:
+        assert await dumper.dump(t, task_id=0)
+    (record,) = read_dump(tmp_path / "root")
+    assert (record.prompt, record.completion) == ("7+1=", "8")
+
+
+async def test_the_version_directory_is_the_trajectorys_highest_version(tmp_path, dumper):
+    t = traj([[1, 2, 3], [1, 2, 3]], [[0, 1, 1], [0, 1, 1]], [[-1, 2, 3], [-1, 5, 4]])
+    async with dumper:
+        await dumper.dump(t, task_id=8)
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.jsonl")] == ["e/t/rollout/5/8.jsonl"]
+    rows = lines_of(tmp_path / "e/t/rollout/5/8.jsonl")
+    assert [(r["head_version"], r["tail_version"]) for r in rows] == [(2, 3), (4, 5)]  # a row may be older

@@ -272,3 +272,21 @@ def test_page_renders_in_headless_chromium(dump_dir, tmp_path):
     assert most < 0.8 * 1400 * 1600  # no single colour covers the page
     # The version colours of the figures are on screen (the reward-over-versions points).
     assert sum(1 for _, (r, g, b) in colours if abs(r - g) > 60 or abs(g - b) > 60) > 20
+
+
+def test_samples_and_panels_spread_over_many_versions():
+    from rollout_trio.cli._inspect_html import pick_samples, spread
+    from rollout_trio.executor import DumpRecord
+
+    def rec(version):
+        return DumpRecord(task_id=version, sample_idx=0, seqlen=2, prompt_len=1, head_version=version, tail_version=version,
+                          version_rle=((version, 1),), reward=0.0, prompt="", completion="", version=version, is_eval=False)
+
+    records = [rec(v) for v in range(200) for _ in range(3)]
+    picked = pick_samples(records, 60)
+    assert len(picked) == len(set(picked)) == 60
+    versions = [records[k].version for k in picked]
+    assert versions[0] == 0 and versions[-1] == 199 and len(set(versions)) == 60  # one row of each of 60 versions
+    few = pick_samples(records[:9], 7)  # 3 versions of 3 rows: 3 + 2 + 2
+    assert [records[k].version for k in few] == [0, 0, 0, 1, 1, 2, 2]
+    assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2]

@@ -92,8 +92,10 @@ def test_data_from_a_file(dump_dir, tmp_path, capsys):
     assert replay_main([str(dump_dir), "--data", str(data), "--max-new-tokens", str(MAX_NEW_TOKENS)]) == 0
     short = tmp_path / "short.json"
     short.write_text(json.dumps(arithmetic_prompts(2)))
-    assert replay_main([str(dump_dir), "--data", str(short)]) == 1
-    assert "rollout-trio replay: --data has 2 items; task 2 has none" in capsys.readouterr().err
+    assert replay_main([str(dump_dir), "--data", str(short), "--max-new-tokens", str(MAX_NEW_TOKENS)]) == 1
+    out = capsys.readouterr().out
+    assert "    --data has 2 items; task 2 has none" in out
+    assert out.splitlines()[-1] == "5 tasks replayed: 2 reproduce, 3 differ"  # the tasks with data still ran
 
 
 def test_usage_and_runtime_errors_are_one_line(dump_dir, tmp_path, capsys):

@@ -11,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from ..executor import DumpRecord, read_dump
+from ..executor import DumpRecord
+from ..executor._dump import iter_dump
 
 __all__ = ["DumpSummary", "VersionSummary", "histogram", "inspect_main", "summarize"]
 
@@ -35,8 +36,8 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def completion_tokens(r: DumpRecord) -> int:
-    """Generated tokens of a row (``seqlen - prompt_len`` when the dump has no token arrays)."""
-    return sum(r.tokens.loss_mask) if r.tokens is not None else r.seqlen - r.prompt_len
+    """Generated tokens of a row (counted from ``version_rle``, which every dump line has)."""
+    return sum(count for _, count in r.version_rle)
 
 
 @attrs.frozen
@@ -217,15 +218,18 @@ def inspect_main(argv: list[str]) -> int:
         print(f"rollout-trio inspect: {exc}", file=sys.stderr)
         return 2
     try:
-        records = read_dump(args.dump_dir)
+        # Statistics from light records (no tokens or texts), so a big dump fits in memory;
+        # only the rows the page shows are read in full, in a second pass.
+        records = list(iter_dump(args.dump_dir, light=True))
         if not records:
             raise ValueError(f"no dump records under {args.dump_dir}")
         summary = summarize(records, bins=args.bins)
         print(format_summary(summary, records, args.dump_dir))
         if args.html:
-            from ._inspect_html import render_page
+            from ._inspect_html import pick_samples, render_page
 
-            page = render_page(records, summary, source=args.dump_dir, samples=args.samples, tokenizer=_load_tokenizer(args.tokenizer))
+            shown = list(iter_dump(args.dump_dir, only=set(pick_samples(records, args.samples))))
+            page = render_page(records, summary, shown, source=args.dump_dir, tokenizer=_load_tokenizer(args.tokenizer))
             Path(args.html).write_text(page, encoding="utf-8")
             print(f"wrote {args.html}")
     except (OSError, ValueError) as exc:

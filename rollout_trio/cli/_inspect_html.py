@@ -12,7 +12,7 @@ import html
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..executor import DumpRecord
 from ._inspect import DumpSummary, completion_tokens, histogram
@@ -111,6 +111,7 @@ def reward_over_versions(summary: DumpSummary, colours: dict[int, tuple[str, str
     step = max(1, math.ceil(len(set(versions)) / 16))
     x_ticks = [(v, str(v)) for v in sorted(set(versions))[::step]]
     body = plot.frame("weight version", "reward (mean ± std)", x_ticks, _ticks(y0 - pad, y1 + pad))
+    radius = 5 if len(versions) <= 40 else 3
     for is_eval in (False, True):
         series = [v for v in summary.versions if v.is_eval == is_eval]
         if not series:
@@ -123,7 +124,7 @@ def reward_over_versions(summary: DumpSummary, colours: dict[int, tuple[str, str
         body.append(f'<polyline class="mean {kind}" points="{line}"/>')
         for v in series:
             body.append(
-                f'<circle class="pt {kind}" cx="{plot.sx(v.version)}" cy="{plot.sy(v.reward_mean)}" r="5" '
+                f'<circle class="pt {kind}" cx="{plot.sx(v.version)}" cy="{plot.sy(v.reward_mean)}" r="{radius}" '
                 f'fill="{colours[v.version][1]}" data-scope="{"eval-rollout" if is_eval else "rollout"}" data-version="{v.version}" '
                 f'data-mean="{v.reward_mean!r}" data-std="{v.reward_std!r}" data-rows="{v.rows}">'
                 f"<title>{kind} v{v.version}: mean {_num(v.reward_mean)} ± {_num(v.reward_std)} over {v.rows} rows</title></circle>"
@@ -170,19 +171,31 @@ def _verified_tokenizer(records: Sequence[DumpRecord], tokenizer: Any) -> Any:
     return None
 
 
-def pick_samples(records: Sequence[DumpRecord], n: int) -> list[DumpRecord]:
-    """Up to ``n`` rows spread evenly over the versions (and within each version)."""
-    by_version: dict[tuple[bool, int], list[DumpRecord]] = {}
-    for r in records:
-        by_version.setdefault((r.is_eval, r.version), []).append(r)
-    per = max(1, math.ceil(n / len(by_version)))
-    out: list[DumpRecord] = []
-    for _, rows in sorted(by_version.items()):
-        if len(rows) <= per:
-            out += rows
-        else:
-            out += [rows[round(k * (len(rows) - 1) / max(per - 1, 1))] for k in range(per)]
-    return out[:n]
+T = TypeVar("T")
+
+#: Reward histogram panels at most (a long run has hundreds of versions).
+MAX_PANELS = 24
+
+
+def spread(items: Sequence[T], n: int) -> list[T]:
+    """``items`` if there are at most ``n``, else ``n`` of them evenly spaced, first and last included."""
+    if len(items) <= n:
+        return list(items)
+    if n == 1:
+        return [items[-1]]
+    return [items[round(k * (len(items) - 1) / (n - 1))] for k in range(n)]
+
+
+def pick_samples(records: Sequence[DumpRecord], n: int) -> list[int]:
+    """Positions of up to ``n`` rows spread evenly over the versions (and within each version)."""
+    by_version: dict[tuple[bool, int], list[int]] = {}
+    for k, r in enumerate(records):
+        by_version.setdefault((r.is_eval, r.version), []).append(k)
+    keys = spread(sorted(by_version), n)
+    out: list[int] = []
+    for i, key in enumerate(keys):
+        out += spread(by_version[key], n // len(keys) + (1 if i < n % len(keys) else 0))
+    return out
 
 
 def _token_spans(r: DumpRecord, tok: Any, colours: dict[int, tuple[str, str]]) -> str:
@@ -253,7 +266,7 @@ section{background:var(--card);border:1px solid var(--line);border-radius:10px;p
 .card b{display:block;font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
 .card span{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
 .row{display:flex;flex-wrap:wrap;gap:18px;align-items:stretch}.row>section{flex:0 1 auto}.row>section.grow{flex:1 1 640px}
-.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px}.panels svg.fig{width:100%;height:auto}
+.panels{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,340px));gap:8px 24px}.panels svg.fig{width:100%;height:auto}
 svg.fig{max-width:100%;height:auto;font-size:11px}
 svg .grid{stroke:#eef0f3}svg .axis{stroke:#98a2b3}
 svg .tick{fill:var(--muted)}svg .label{fill:var(--muted);font-size:11.5px}
@@ -314,8 +327,11 @@ _JS = """
 """
 
 
-def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: str, samples: int = 60, tokenizer: Any = None) -> str:
-    """The whole HTML page for ``records`` (summarized as ``summary``)."""
+def render_page(
+    records: Sequence[DumpRecord], summary: DumpSummary, shown: Sequence[DumpRecord], *, source: str, tokenizer: Any = None
+) -> str:
+    """The whole HTML page: figures from ``records`` (summarized as ``summary``; they may be
+    light records), and a table of the full records ``shown``."""
     colours = version_colours([r.version for r in records])
     accepted = sum(v.accepted for v in summary.versions)
     truncated = sum(v.truncated for v in summary.versions)
@@ -334,7 +350,8 @@ def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: 
     ]
     lo, hi = summary.reward_range
     panels = []
-    for v in summary.versions:
+    panel_versions = spread(summary.versions, MAX_PANELS)
+    for v in panel_versions:
         scope = "eval " if v.is_eval else ""
         panels.append(
             bar_histogram(
@@ -346,9 +363,10 @@ def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: 
     a, b = summary.length_range
     length_fig = bar_histogram(summary.length_hist, *summary.length_bins, figure="length-histogram", colour="#667085",
                                title="completion tokens per row", x_label="tokens", width=440, height=260)
-    tok = _verified_tokenizer(records, tokenizer)
-    shown = pick_samples(records, samples)
-    legend = "".join(f'<span><i style="background:{colours[v][0]};border:1px solid {colours[v][1]}"></i>v{v}</span>' for v in versions)
+    tok = _verified_tokenizer(shown, tokenizer)
+    legend = "".join(
+        f'<span><i style="background:{colours[v][0]};border:1px solid {colours[v][1]}"></i>v{v}</span>' for v in spread(versions, 16)
+    ) + (f"<span>(colours run from v{versions[0]} to v{versions[-1]})</span>" if len(versions) > 16 else "")
     options = "".join(f'<option value="{v}">v{v}</option>' for v in versions)
     token_note = (
         "Each completion token is coloured by the weight version that generated it; hover a token for its logprob. "
@@ -370,7 +388,9 @@ def render_page(records: Sequence[DumpRecord], summary: DumpSummary, *, source: 
         "</section>",
         f'<section><h2>Completion length</h2><p class="note">min {a} · median {lengths[len(lengths) // 2]} · max {b} tokens</p>{length_fig}</section></div>',
         f'<section><h2>Reward histograms per version</h2><p class="note">The same {len(summary.versions[0].reward_hist)} bins '
-        f'over [{_num(lo)}, {_num(hi)}] in every panel; hover a bar for its count.</p>',
+        f'over [{_num(lo)}, {_num(hi)}] in every panel; hover a bar for its count.'
+        + (f" {len(panel_versions)} of {len(summary.versions)} versions, evenly spread." if len(panel_versions) < len(summary.versions) else "")
+        + "</p>",
         f'<div class="panels">{"".join(panels)}</div></section>',
         f'<section><h2>Samples</h2><p class="note">{len(shown)} of {summary.rows} rows, spread over the versions. {token_note}</p>',
         f'<div class="legend">{legend}</div>',

@@ -29,7 +29,8 @@ from .._interaction import Interaction, interactions_to_trajectory
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ..engines import ReplayEngine, ReplayMismatchError
-from ..executor import DumpRecord, read_dump
+from ..executor import DumpRecord
+from ..executor._dump import iter_dump
 
 __all__ = ["compare_row", "load_workflow", "replay_main", "replay_task"]
 
@@ -220,13 +221,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
-    records = read_dump(args.dump_dir)
-    if not records:
-        raise ValueError(f"no dump records under {args.dump_dir}")
     by_task: dict[tuple[bool, int], list[DumpRecord]] = {}
-    for r in records:
+    seen = 0
+    for r in iter_dump(args.dump_dir):  # keep only the tasks asked for
+        seen += 1
         if args.task is None or r.task_id in args.task:
             by_task.setdefault((r.is_eval, r.task_id), []).append(r)
+    if not seen:
+        raise ValueError(f"no dump records under {args.dump_dir}")
     if not by_task:
         raise ValueError(f"tasks {args.task} are not in the dump")
     workflow = load_workflow(args.workflow, tokenizer, args.max_new_tokens)
@@ -236,7 +238,12 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
     async with engine:
         for (is_eval, task_id), rows in sorted(by_task.items()):
             rows.sort(key=lambda r: r.sample_idx)
-            report = await replay_task(workflow, engine, data(task_id), rows, tokenizer)
+            try:
+                item = data(task_id)
+            except ValueError as exc:
+                report = TaskReplay(is_eval, task_id, tuple(sorted({r.version for r in rows})), len(rows), [str(exc)])
+            else:
+                report = await replay_task(workflow, engine, item, rows, tokenizer)
             reports.append(report)
             name = f"{'eval ' if is_eval else ''}task {task_id}"
             versions = ",".join(map(str, report.versions))

@@ -18,13 +18,12 @@ process, ``flock`` across processes), and a failed write is cut back off the fil
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -34,6 +33,11 @@ import trio
 
 from .._trajectory import Trajectory
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; each line is still one O_APPEND write
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "DumpRecord",
     "DumpSegment",
@@ -41,6 +45,7 @@ __all__ = [
     "DumpTokens",
     "TrajectoryDumper",
     "compute_output_versions",
+    "iter_dump",
     "read_dump",
     "split_trajectory_for_dump",
 ]
@@ -307,6 +312,9 @@ class DumpStatistics:
     in_flight: int
 
 
+# Don't follow a planted symlink, don't leak the descriptor into subprocesses (POSIX only).
+_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
 # Per-file locks by striping: the same file always maps to the same lock, and the
 # number of locks stays fixed however many task files a long run creates.
 _STRIPES = 64
@@ -323,7 +331,8 @@ class TrajectoryDumper:
     Args:
         fileroot: the directory every dump lies under.
         experiment_name, trial_name: single path components matching :data:`NAME_PATTERN`.
-        tokenizer: anything with ``decode(ids, skip_special_tokens=False)``.
+        tokenizer: anything with ``decode(ids, skip_special_tokens=False)``, or a local
+            tokenizer directory (loaded once, in a worker thread, at the first dump).
         max_threads: worker threads decoding and writing at once.
 
     Raises:
@@ -343,21 +352,35 @@ class TrajectoryDumper:
             raise ValueError(f"fileroot: required for dumps; expected a directory, got {fileroot!r}")
         validate_name("experiment_name", experiment_name)
         validate_name("trial_name", trial_name)
-        if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError(f"tokenizer: required for dumps; expected an object with decode(), got {tokenizer!r}")
+        if isinstance(tokenizer, (str, os.PathLike)):
+            if not os.path.isdir(tokenizer):
+                raise ValueError(f"tokenizer: expected a tokenizer directory, got {os.fspath(tokenizer)!r} (not a directory)")
+        elif tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+            raise ValueError(f"tokenizer: required for dumps; expected an object with decode() or a directory, got {tokenizer!r}")
         if max_threads < 1:
             raise ValueError(f"max_threads: must be >= 1, got {max_threads!r}")
         self._root = os.path.realpath(os.fspath(fileroot))
         self.directory = Path(self._root, experiment_name, trial_name)
         if not _is_under(os.path.realpath(self.directory), self._root):
             raise ValueError(f"experiment_name/trial_name: {self.directory} resolves outside fileroot {self._root}")
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(max_threads)
         self._locks = [threading.Lock() for _ in range(_STRIPES)]
         self._dumped = self._failed = self._lines = self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
         self._state: Literal["new", "open", "closed"] = "new"
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer (loaded from its directory on first use when given as a path)."""
+        with self._tokenizer_lock:
+            if isinstance(self._tokenizer, (str, os.PathLike)):
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(os.fspath(self._tokenizer), local_files_only=True)
+            return self._tokenizer
 
     async def __aenter__(self) -> TrajectoryDumper:
         if self._state != "new":
@@ -448,15 +471,17 @@ class TrajectoryDumper:
         # carry writes out of fileroot.
         if not _is_under(os.path.realpath(path.parent), self._root):
             raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
         try:
             with self._locks[hash(str(path)) % _STRIPES]:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     for line in lines:
                         _write_line(fd, line.encode())
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    if fcntl is not None:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
         return len(lines)
@@ -524,11 +549,11 @@ def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
     )
 
 
-def _dump_file_key(path: Path) -> tuple[bool, int, int]:
-    """``(is_eval, version, task_id)`` from ``…/{scope}/{version}/{task_id}.jsonl``."""
+def _dump_file_key(path: Path) -> tuple[bool, int, int] | None:
+    """``(is_eval, version, task_id)`` from ``…/{scope}/{version}/{task_id}.jsonl``, or None."""
     scope, version, task = path.parent.parent.name, path.parent.name, path.stem
     if scope not in SCOPES or not re.fullmatch(r"-?\d+", version) or not re.fullmatch(r"-?\d+", task):
-        raise ValueError(f"{path}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
+        return None
     return SCOPES[scope], int(version), int(task)
 
 
@@ -541,19 +566,49 @@ def read_dump(path: str | os.PathLike[str]) -> list[DumpRecord]:
         FileNotFoundError: ``path`` does not exist.
         ValueError: naming the file and line, for a line that is not a dump record.
     """
+    return list(iter_dump(path))
+
+
+def iter_dump(
+    path: str | os.PathLike[str], *, light: bool = False, only: Container[int] | None = None
+) -> Iterator[DumpRecord]:
+    """:func:`read_dump`, one record at a time, for dumps too big to hold.
+
+    ``light`` drops ``tokens``, ``segments`` and the texts (the bulk of a line);
+    ``only`` parses just the records at these positions (in read order) and skips the
+    other lines unparsed.
+    """
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"dump path {str(root)!r} does not exist")
-    files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"))
-    keyed = sorted((_dump_file_key(f.absolute()), f) for f in files)
-    records: list[DumpRecord] = []
+    if root.is_file():
+        key = _dump_file_key(root.absolute())
+        if key is None:
+            raise ValueError(f"{root}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
+        keyed = [(key, root)]
+    else:  # other JSON-lines files beside a dump (a trainer's logs) are not dump files: skip them
+        found = ((_dump_file_key(f.absolute()), f) for f in root.rglob("*.jsonl"))
+        keyed = sorted((key, f) for key, f in found if key is not None)
+    return _iter_records(keyed, light, only)
+
+
+def _iter_records(
+    keyed: list[tuple[tuple[bool, int, int], Path]], light: bool, only: Container[int] | None
+) -> Iterator[DumpRecord]:
+    index = -1
     for (is_eval, version, _), file in keyed:
         with file.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
+                index += 1
+                if only is not None and index not in only:
+                    continue
                 try:
-                    records.append(_record(json.loads(line), version, is_eval))
+                    obj = json.loads(line)
+                    if light and isinstance(obj, dict):
+                        obj.update(prompt="", completion="", tokens=None, segments=None)
+                    record = _record(obj, version, is_eval)
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(f"{file}:{lineno}: not a dump record: {exc!r}") from None
-    return records
+                yield record
