@@ -54,7 +54,35 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--threads": (["--threads", "0"], 2, "--threads: must be an integer >= 1"),
         "--log-level": (["--log-level", "bogus"], 2, "--log-level: must be one of DEBUG, INFO, WARNING"),
     },
+    # {dump} is a small real dump (the `dump` fixture)
+    "inspect": {
+        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--html": (["{dump}", "--html", "/nonexistent/dir/out.html"], 1, "'/nonexistent/dir/out.html'"),
+        "--samples": (["{dump}", "--samples", "0"], 2, "--samples: must be an integer >= 1, got '0'"),
+        "--bins": (["{dump}", "--bins", "x"], 2, "--bins: must be an integer >= 1, got 'x'"),
+        "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
+    },
+    "replay": {
+        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--workflow": (["{dump}", "--workflow", "no_colon"], 2, "--workflow: must be MODULE:NAME"),
+        "--data": (["{dump}", "--data", "/nonexistent.jsonl"], 1, "'/nonexistent.jsonl'"),
+        "--seed": (["{dump}", "--seed", "-1"], 2, "--seed: must be an integer >= 0, got '-1'"),
+        "--task": (["{dump}", "--task", "x"], 2, "--task: must be an integer >= 0, got 'x'"),
+        "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
+        "--max-new-tokens": (["{dump}", "--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
+    },
 }
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    from tests.dump_helpers import write_dump_sync
+
+    root = tmp_path_factory.mktemp("dump")
+    write_dump_sync(root, groups=2, group_size=2, versions=1)
+    return str(root)
 
 
 def parser_of(command: str) -> argparse.ArgumentParser:
@@ -84,7 +112,9 @@ CASES = [(command, flag, *case) for command, flags in BAD.items() for flag, case
 
 
 @pytest.mark.parametrize(("command", "flag", "argv", "status", "says"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
-def test_a_bad_value_is_one_line_and_the_right_status(capsys, command, flag, argv, status, says):
+def test_a_bad_value_is_one_line_and_the_right_status(capsys, request, command, flag, argv, status, says):
+    if "{dump}" in argv:
+        argv = [request.getfixturevalue("dump") if arg == "{dump}" else arg for arg in argv]
     assert main([command, *argv]) == status
     out, err = capsys.readouterr()
     assert not flag.startswith("-") or any(arg.split("=")[0] == flag for arg in argv)  # it tries this flag

@@ -37,8 +37,10 @@ __all__ = [
     "describe_exception",
     "device",
     "finite_float",
+    "import_name",
     "interruptible",
     "load_model_and_tokenizer",
+    "load_tokenizer",
     "log_level",
     "non_negative_float",
     "non_negative_int",
@@ -70,11 +72,11 @@ class UsageError(CommandError):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default (unless its help already speaks of it) in plain text."""
+    """Shows each option's default (unless its help already says "(default: ...)") in plain text."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text.lower() or action.default is argparse.SUPPRESS:
+        if "(default" in text or action.default is argparse.SUPPRESS:
             return text
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
             return f"{text} (default: {'on' if action.default else 'off'})"
@@ -129,6 +131,12 @@ port = _type("port", int, lambda v: 0 <= v <= 65535, "a port number from 0 to 65
 log_level = _type(
     "log_level", lambda s: s.upper() if s.upper() in LOG_LEVELS else None, bool, f"one of {', '.join(LOG_LEVELS)}"
 )
+import_name = _type(
+    "import_name",
+    lambda s: s if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", s) else None,
+    bool,
+    "MODULE:NAME (an importable module and an attribute of it)",
+)
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 device = _type(
     "device", lambda s: s if _DEVICE.fullmatch(s) else None, bool, "cpu, cuda, cuda:N or mps"
@@ -179,6 +187,20 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
     except (OSError, ValueError) as exc:
         raise CommandError(f"--model {path}: cannot load a model and tokenizer from it: {_one_line(str(exc))}") from exc
     return model, tokenizer, path
+
+
+def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
+    """A tokenizer from a local directory, or a :class:`CommandError` naming ``flag``."""
+    import os
+
+    if not os.path.isdir(path):
+        raise CommandError(f"{flag} {path}: no such tokenizer directory")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{flag} {path}: cannot load a tokenizer from it: {_one_line(str(exc))}") from exc
 
 
 def setup_logging(level: str) -> None:
