@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ServeProcess:
     """`python -m rollout_trio.cli._serve --port 0 ...` as a subprocess."""
 
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_trio.cli._serve", "--port", "0", "--threads", "1", *args],
             stdout=subprocess.PIPE,

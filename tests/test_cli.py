@@ -42,8 +42,10 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
     },
     "serve": {
         "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),
-        "--host": (["--port", "0", "--host", "256.1.1.1"], 1, "256.1.1.1"),
-        "--port": (["--port", "65536"], 2, "--port: must be a port number from 0 to 65535"),
+        "--host": (["--port", "0", "--host", "256.1.1.1", "--allow-unauthenticated"], 1, "--host 256.1.1.1 --port 0: cannot listen"),
+        "--api-key": (["--api-key", " "], 2, "--api-key: must be a non-empty string"),
+        "--allow-unauthenticated": (["--allow-unauthenticated=yes"], 2, "ignored explicit argument 'yes'"),
+        "--port": (["--port", "65536"], 2, "--port: must be a port number 0-65535"),
         "--port-file": (["--port", "0", "--port-file", "/nonexistent/dir/port"], 1, "/nonexistent/dir/port"),
         "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
         "--device": (["--device", "cuda:x"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'cuda:x'"),
@@ -52,6 +54,11 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--step-delay": (["--step-delay", "nan"], 2, "--step-delay: must be a finite number >= 0, got 'nan'"),
         "--max-batch-size": (["--max-batch-size", "0"], 2, "--max-batch-size: must be an integer >= 1"),
         "--threads": (["--threads", "0"], 2, "--threads: must be an integer >= 1"),
+        "--max-body-bytes": (["--max-body-bytes", "0"], 2, "--max-body-bytes: must be an integer >= 1"),
+        "--read-deadline": (["--read-deadline", "0"], 2, "--read-deadline: must be a finite number > 0"),
+        "--keep-alive-timeout": (["--keep-alive-timeout", "-1"], 2, "--keep-alive-timeout: must be a finite number > 0"),
+        "--max-connections": (["--max-connections", "0"], 2, "--max-connections: must be an integer >= 1"),
+        "--graceful-timeout": (["--graceful-timeout", "nan"], 2, "--graceful-timeout: must be a finite number > 0"),
         "--log-level": (["--log-level", "bogus"], 2, "--log-level: must be one of DEBUG, INFO, WARNING"),
     },
     # {dump} is a small real dump (the `dump` fixture)
@@ -173,7 +180,7 @@ def test_argument_types_apply_the_library_rules():
     assert log_level("info") == "INFO"
     assert port("0") == 0 and port("65535") == 65535
     for bad in ("-1", "65536", "80.5", ""):
-        with pytest.raises(argparse.ArgumentTypeError, match="0 to 65535"):
+        with pytest.raises(argparse.ArgumentTypeError, match="0-65535"):
             port(bad)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ class RawServer:
         self.close_after = close_after
         self.connections = 0
         self.disconnects = 0
+        self.closed = 0  # connections this server has closed
         self.port = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -34,6 +36,12 @@ class RawServer:
         await trio.serve_listeners(self._conn, listeners)
 
     async def _conn(self, stream: trio.SocketStream) -> None:
+        try:
+            await self._serve(stream)
+        finally:
+            self.closed += 1
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         served = 0
         async with stream:
@@ -106,9 +114,10 @@ async def test_server_closing_idle_connection_is_detected() -> None:
         async def run() -> list[httpx.Response]:
             async with httpx.AsyncClient(transport=TrioTransport()) as client:
                 out = []
-                for _ in range(3):
+                for i in range(3):
                     out.append(await client.get(f"http://127.0.0.1:{server.port}/"))
-                    await trio.sleep(0.05)  # let the close arrive
+                    while server.closed <= i:  # the server has closed it (on loopback: arrived)
+                        await trio.sleep(0.001)
                 return out
 
         rs = await with_server(server, run)
@@ -306,3 +315,136 @@ async def test_direct_path_reads_and_closes_a_streamed_answer() -> None:
     with pytest.raises(EngineConnectError) as info:
         await session_call(broken, HttpCall("POST", "/generate", {}), direct=True)
     assert isinstance(info.value.__cause__, httpx.ReadError) and broken.closed >= 1
+
+
+# --------------------------------------------------------------------- malformed answers (h11 framing)
+
+EVIL = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nEVIL"  # an answer to no request
+
+MALFORMED = {
+    "conflicting content-length": b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 5\r\n\r\nabcde",
+    "content-length +3": b"HTTP/1.1 200 OK\r\ncontent-length: +3\r\n\r\nabc",
+    "content-length 1_0": b"HTTP/1.1 200 OK\r\ncontent-length: 1_0\r\n\r\n0123456789",
+    "content-length -1": b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+    "content-length with spaces inside": b"HTTP/1.1 200 OK\r\ncontent-length: 1 0\r\n\r\n0123456789",
+    "transfer-encoding xchunked": b"HTTP/1.1 200 OK\r\ntransfer-encoding: xchunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    "transfer-encoding gzip, chunked": b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    "chunk size +3": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n+3\r\nabc\r\n0\r\n\r\n",
+    "chunk size 0x3": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+    "chunk without its CRLF": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n",
+    "truncated body": b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+    "truncated chunk": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nab",
+    "status line garbage": b"HTTP/1.1 2OO OK\r\ncontent-length: 0\r\n\r\n",
+    "header without a colon": b"HTTP/1.1 200 OK\r\nbad header\r\ncontent-length: 0\r\n\r\n",
+}
+
+
+TRUNCATED = {"truncated body", "truncated chunk"}
+
+
+class CorpusServer(RawServer):
+    """Sends one scripted answer, then an answer to no request (a truncated one: closes)."""
+
+    def __init__(self, answer: bytes, *, truncated: bool) -> None:
+        super().__init__(answer if truncated else answer + EVIL, close_after=1)
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+async def test_malformed_answers_raise_and_never_leak_into_the_next_request(name: str) -> None:
+    server = CorpusServer(MALFORMED[name], truncated=name in TRUNCATED)
+
+    async def run() -> tuple[list[BaseException], httpx.Response]:
+        errors: list[BaseException] = []
+        async with httpx.AsyncClient(transport=TrioTransport()) as client:
+            url = f"http://127.0.0.1:{server.port}/x"
+            try:
+                bad = await client.post(url, json={"a": 1})
+            except httpx.RemoteProtocolError as exc:
+                errors.append(exc)
+            else:
+                raise AssertionError(f"accepted {bad.status_code} {bad.content!r}")
+            return errors, await client.post(url, json={"a": 2})
+
+    with trio.fail_after(5):
+        errors, after = await with_server(server, run)
+    assert len(errors) == 1
+    assert after.content == b"ok"  # the next request's own answer, on a new connection
+    assert server.connections == 2
+
+
+async def test_a_late_answer_to_no_request_on_an_idle_connection_is_never_read() -> None:
+    """Bytes a server writes on an idle keep-alive connection retire it."""
+    sent = trio.Event()
+
+    class Late(RawServer):
+        async def _conn(self, stream: trio.SocketStream) -> None:
+            self.connections += 1
+            async with stream:
+                first = self.connections == 1
+                await stream.receive_some(65536)
+                await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+                if first:
+                    await stream.send_all(EVIL)
+                    sent.set()
+                    with contextlib.suppress(trio.BrokenResourceError):  # a reset: EVIL was never read
+                        await stream.receive_some(65536)  # until the client drops it
+                    return
+                await stream.send_all(b"")
+
+    server = Late()
+
+    async def run() -> list[bytes]:
+        async with httpx.AsyncClient(transport=TrioTransport()) as client:
+            url = f"http://127.0.0.1:{server.port}/x"
+            one = await client.get(url)
+            await sent.wait()  # on loopback, the unsolicited bytes are in our socket's buffer now
+            two = await client.get(url)
+            return [one.content, two.content]
+
+    with trio.fail_after(5):
+        assert await with_server(server, run) == [b"first", b"first"]
+    assert server.connections == 2
+
+
+async def test_http_1_0_close_framing_reads_to_close_and_never_reuses() -> None:
+    server = RawServer(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil close", b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nhi")
+    with trio.fail_after(5):
+        rs = await with_server(server, lambda: exchange(server, 3))
+    assert [r.content for r in rs] == [b"until close", b"hi", b"ok"]
+    assert [r.http_version for r in rs] == ["HTTP/1.0", "HTTP/1.0", "HTTP/1.1"]
+    assert server.connections == 3  # HTTP/1.0 without keep-alive closes after each answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n" + b"x" * 1000,
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"64\r\n" + b"x" * 100 + b"\r\n" + b"64\r\n" + b"y" * 100 + b"\r\n0\r\n\r\n",
+    ],
+    ids=["content-length", "chunked"],
+)
+async def test_response_bodies_are_bounded(answer: bytes) -> None:
+    assert TrioTransport().max_body_bytes == 64 * 1024 * 1024
+    server = RawServer(answer, close_after=1)
+
+    async def run() -> Any:
+        transport = TrioTransport(max_body_bytes=150)
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            with pytest.raises(EngineProtocolError, match="max_body_bytes=150"):
+                await HttpSession(client, transport).call(
+                    f"http://127.0.0.1:{server.port}", HttpCall("POST", "/generate", {}), timeout=5, direct=True
+                )
+            return (await client.get(f"http://127.0.0.1:{server.port}/")).content
+
+    with trio.fail_after(5):
+        assert await with_server(server, run) == b"ok"
+    assert server.connections == 2
+
+
+def test_transport_uses_only_httpx_public_api() -> None:
+    import inspect
+
+    from rollout_trio.engines import _transport
+
+    source = inspect.getsource(_transport)
+    assert "._content" not in source and "response._" not in source

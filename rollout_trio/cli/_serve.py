@@ -1,19 +1,24 @@
-"""``rollout-trio serve``: a LocalEngine behind SGLang's HTTP protocol.
+"""``rollout-trio serve``: a LocalEngine behind SGLang's HTTP protocol, on Hypercorn.
 
-Binds 127.0.0.1 unless ``--host`` says otherwise. ``--port 0`` picks a free port; the
-bound port is printed (``listening on http://HOST:PORT``) and, with ``--port-file``,
-written to a file, so tests can start the server as a subprocess.
+Binds 127.0.0.1 unless ``--host`` says otherwise; any other address needs ``--api-key``
+(or ``ROLLOUT_TRIO_API_KEY``), or an explicit ``--allow-unauthenticated``. ``--port 0``
+picks a free port; the bound port is printed (``listening on http://HOST:PORT``) and,
+with ``--port-file``, written to a file, so tests can start the server as a subprocess.
+SIGINT or SIGTERM aborts the generations in flight (they answer with their partial
+output), lets the answers go out, and exits.
 Also runnable as ``python -m rollout_trio.cli._serve``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import trio
@@ -22,12 +27,14 @@ from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
     Parser,
+    UsageError,
     device,
     load_model_and_tokenizer,
     log_level,
     non_negative_float,
     non_negative_int,
     port,
+    positive_float,
     positive_int,
     run_command,
     setup_logging,
@@ -37,12 +44,32 @@ __all__ = ["serve_main"]
 
 log = logging.getLogger("rollout_trio.server")
 
+API_KEY_ENV = "ROLLOUT_TRIO_API_KEY"
+
+
+def _api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a non-empty string")
+    return text
+
 
 def _parser() -> Parser:
+    """Every option of ``rollout-trio serve``."""
     p = Parser("rollout-trio serve", __doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=port, default=30000, help="port to bind; 0 picks a free one")
     p.add_argument("--port-file", help="write the bound port to this file once listening (default: none)")
+    p.add_argument(
+        "--api-key",
+        type=_api_key,
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="bind a non-loopback address without an api key (anyone who can reach it may load weights)",
+    )
     p.add_argument(
         "--model", default=None, help="local Hugging Face checkpoint directory (default: the built-in tiny model)"
     )
@@ -60,8 +87,31 @@ def _parser() -> Parser:
     )
     p.add_argument("--max-batch-size", type=positive_int, default=256, help="requests per forward pass")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, help="largest request body (default: 16 MiB)"
+    )
+    p.add_argument("--read-deadline", type=positive_float, default=60.0, help="seconds to receive a request body")
+    p.add_argument(
+        "--keep-alive-timeout", type=positive_float, default=75.0, help="seconds an idle connection stays open"
+    )
+    p.add_argument("--max-connections", type=positive_int, default=1024, help="open connections at once")
+    p.add_argument(
+        "--graceful-timeout",
+        type=positive_float,
+        default=10.0,
+        help="seconds answers may take to go out after SIGINT/SIGTERM",
+    )
     p.add_argument("--log-level", type=log_level, default="WARNING", help="logging level; INFO logs each request")
     return p
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -76,50 +126,64 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return engine, tokenizer, name
 
 
-def _access_logged(app: Any) -> Any:
-    """``app`` logging each request at INFO: method, path, status, seconds."""
+async def _serve(args: argparse.Namespace, received: list[int]) -> None:
+    from ..server import ServerLimits, SGLangApp, serve_app, sglang_asgi
 
-    async def handle(request: Any) -> Any:
-        started = time.perf_counter()
-        status: int | str = "cancelled"
-        try:
-            response = await app(request)
-            status = response.status
-            return response
-        finally:
-            log.info("%s %s %s %.3fs", request.method, request.path, status, time.perf_counter() - started)
-
-    return handle
-
-
-async def _serve(args: argparse.Namespace) -> int:
-    from ..server import HttpServer, SGLangApp
-
+    limits = ServerLimits(
+        max_body_bytes=args.max_body_bytes,
+        read_deadline=args.read_deadline,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_connections=args.max_connections,
+    )
     engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
     async with engine, trio.open_nursery() as nursery:
         app = SGLangApp(
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
         )
+        stop = trio.Event()
+
+        async def on_signal(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
+                async for signum in signals:
+                    received.append(signum)
+                    app.shut_down()  # in-flight generations end now, with their partial output
+                    stop.set()
+                    return
+
+        await nursery.start(on_signal)
+        serve = partial(
+            serve_app,
+            sglang_asgi(app, api_key=args.api_key, limits=limits),
+            args.host,
+            args.port,
+            limits,
+            shutdown_trigger=stop.wait,
+            graceful_timeout=args.graceful_timeout,
+        )
         try:
-            listeners = await nursery.start(HttpServer(_access_logged(app)).serve, args.host, args.port)
+            bound = await nursery.start(serve)
         except OSError as exc:  # a taken port, an unknown host
             raise CommandError(f"--host {args.host} --port {args.port}: cannot listen: {exc}") from exc
-        host, bound = listeners[0].socket.getsockname()[:2]
+        host, bound_port = bound[0]
         if args.port_file:
             tmp = trio.Path(args.port_file + ".tmp")
-            await tmp.write_text(f"{bound}\n")
+            await tmp.write_text(f"{bound_port}\n")
             await tmp.replace(args.port_file)
-        print(f"rollout-trio serve: listening on http://{host}:{bound} (model {name})", flush=True)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                nursery.cancel_scope.cancel()
-                return EXIT_INTERRUPTED if signum == signal.SIGINT else 0
-    return 0
+        auth = "api key required" if args.api_key else "no api key"
+        print(f"rollout-trio serve: listening on http://{host}:{bound_port} (model {name}, {auth})", flush=True)
 
 
 def _main(args: argparse.Namespace) -> int:
+    if not args.api_key and not args.allow_unauthenticated and not _is_loopback(args.host):
+        raise UsageError(
+            f"refusing to bind {args.host} without an api key: pass --api-key (or set ${API_KEY_ENV}), "
+            "or --allow-unauthenticated"
+        )
     setup_logging(args.log_level)
-    return trio.run(_serve, args)
+    received: list[int] = []
+    trio.run(_serve, args, received)
+    return EXIT_INTERRUPTED if received == [signal.SIGINT] else 0
 
 
 def serve_main(argv: Sequence[str]) -> int:

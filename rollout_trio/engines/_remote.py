@@ -70,6 +70,8 @@ class RemoteEngine:
         verify_versions: raise :class:`VersionMismatchError` when a server reports a
             weight version other than the one pinned for the segment.
         version: the initial weight version (told to the servers at start).
+        api_key: sent as ``Authorization: Bearer`` on every call (``rollout-trio serve
+            --api-key``, SGLang ``--api-key``, vLLM ``--api-key``).
         transport: an httpx transport to use instead of the default (a test seam).
         seed: seeds the routing start and the backoff jitter.
     """
@@ -92,6 +94,7 @@ class RemoteEngine:
         vllm_reload_path: str | None = "/areal_update_weights",
         verify_versions: bool = True,
         version: int = 0,
+        api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         seed: int | None = None,
     ) -> None:
@@ -126,6 +129,7 @@ class RemoteEngine:
         self._verify = verify_versions
         self._version = int(version)
         self._transport = transport
+        self._api_key = api_key
         self._paused = False
         self._gate = trio.Event()
         self._gate.set()
@@ -157,7 +161,7 @@ class RemoteEngine:
             transport = self._transport or _default_transport()
             client = httpx.AsyncClient(transport=transport, timeout=None)
             await stack.enter_async_context(client)  # closes the transport too
-            self._http = HttpSession(client, transport)
+            self._http = HttpSession(client, transport, api_key=self._api_key)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._nursery.cancel_scope.cancel)
             with trio.move_on_after(self._setup_timeout):

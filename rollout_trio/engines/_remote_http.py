@@ -4,6 +4,7 @@ Errors from httpx and from the server's status codes become the
 :class:`~rollout_trio.EngineError` tree here and nowhere else::
 
     httpx.TimeoutException, our per-attempt deadline  ->  EngineTimeoutError
+    the transport's ResponseTooLarge                 ->  EngineProtocolError
     httpx.ConnectError, any other transport error     ->  EngineConnectError
     HTTP status >= 400                                ->  EngineServerError(status_code)
     a 2xx body that is not the expected JSON          ->  EngineProtocolError
@@ -25,6 +26,7 @@ import trio
 
 from .._errors import EngineConnectError, EngineError, EngineProtocolError, EngineServerError, EngineTimeoutError
 from ._remote_wire import HttpCall
+from ._transport import ResponseTooLarge
 
 __all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", "retrying"]
 
@@ -68,6 +70,8 @@ def is_retriable(exc: BaseException) -> bool:
 
 def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
     """The :class:`EngineError` for an httpx exception (chained by the caller)."""
+    if isinstance(exc, ResponseTooLarge):  # retrying would read the same oversized answer
+        return EngineProtocolError(f"{where}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return EngineTimeoutError(f"{where}: timed out ({type(exc).__name__}: {exc})")
     return EngineConnectError(f"{where}: {type(exc).__name__}: {exc or 'connection failed'}")
@@ -104,9 +108,12 @@ class HttpSession:
     the request construction, the timeout handling and the error mapping below.
     """
 
-    def __init__(self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport, *, api_key: str | None = None
+    ) -> None:
         self.client = client
         self.transport = transport
+        self._auth = [(b"authorization", b"Bearer " + api_key.encode())] if api_key else []
         # What client.send would attach (the client's timeouts, all None for the engine's
         # client): the transport reads connect/read/pool limits from this extension.
         self._extensions = {"timeout": client.timeout.as_dict()}
@@ -123,7 +130,7 @@ class HttpSession:
         target = self._targets.get((base_url, call.path))
         if target is None:
             url = httpx.URL(base_url + call.path)
-            fixed = [(b"host", url.netloc), *_PLAIN_RAW]
+            fixed = [(b"host", url.netloc), *_PLAIN_RAW, *self._auth]
             target = self._targets[(base_url, call.path)] = (url, fixed)
         url, fixed = target
         if call.params is not None:

@@ -4,16 +4,20 @@ httpx's default transport (httpcore) rescans every pooled connection on every re
 event (``_assign_requests_to_connections``), so at 128 concurrent requests most of the
 time goes to the pool. This transport keeps, per origin, a stack of idle keep-alive
 connections: a request pops one (or dials a new one), and a connection whose exchange
-completed cleanly is pushed back. Nothing else is ever scanned. HTTP/1.1 framing is done
-here directly (request line and headers out; status line, headers, and a
-``Content-Length``, chunked or read-to-close body in), which costs a fraction of a
-general-purpose state machine per request.
+completed cleanly is pushed back. Nothing else is ever scanned.
+
+Every byte of HTTP/1.1 framing goes through h11 (one ``h11.Connection`` per socket):
+conflicting or malformed ``Content-Length``, unknown transfer codings, bad chunk sizes
+and truncated bodies are h11 protocol errors. A connection is reused only when h11 says
+both sides finished the exchange cleanly *and* nothing was left over after the answer
+(bytes after a complete response belong to no request); after any error it is closed.
 
 Scope: HTTP/1.1 over plain TCP (``http://``), one request at a time per connection, whole
 bodies (the response body is read before ``handle_async_request`` returns, which suits
-JSON APIs). A request that fails or is cancelled closes its connection: for servers that
-abort work when the client goes away, cancelling is disconnecting. Errors are raised as
-httpx's own exceptions, so callers map them as they would for any transport.
+JSON APIs) of at most ``max_body_bytes``. A request that fails or is cancelled closes its
+connection: for servers that abort work when the client goes away, cancelling is
+disconnecting. Errors are raised as httpx's own exceptions, so callers map them as they
+would for any transport.
 """
 
 from __future__ import annotations
@@ -21,29 +25,35 @@ from __future__ import annotations
 import select
 from collections import deque
 
+import h11
 import httpx
 import trio
 
-__all__ = ["TrioTransport"]
+__all__ = ["ResponseTooLarge", "TrioTransport"]
 
 MAX_HEAD = 64 * 1024
+MAX_BODY = 64 * 1024 * 1024
 RECV = 65536
 _HAS_POLL = hasattr(select, "poll")
 
 
+class ResponseTooLarge(httpx.RemoteProtocolError):
+    """The response body exceeds the transport's ``max_body_bytes``."""
+
+
 class _Conn:
-    """One keep-alive connection: its Trio socket and any bytes read past an answer.
+    """One keep-alive connection: its Trio socket and its h11 state machine.
 
     I/O goes through the Trio socket itself (``send``/``recv``), not ``SocketStream``:
     one request is one ``send`` and a few ``recv`` s, and the stream's conflict
     detector and error-translation context managers cost more than that here.
     """
 
-    __slots__ = ("buf", "sock")
+    __slots__ = ("h11", "sock")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.sock = stream.socket  # owns the connection from here on (TCP_NODELAY is set)
-        self.buf = b""
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
 
     def stale(self) -> bool:
         """Whether the server closed (or wrote to) the idle connection: it is then readable."""
@@ -57,6 +67,14 @@ class _Conn:
             return True
         return bool(readable)
 
+    def reusable(self) -> bool:
+        """Whether the exchange ended cleanly with nothing left over; if so, ready for the next."""
+        conn = self.h11
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE or conn.trailing_data[0]:
+            return False
+        conn.start_next_cycle()
+        return True
+
     def close(self) -> None:
         self.sock.close()
 
@@ -68,11 +86,18 @@ class TrioTransport(httpx.AsyncBaseTransport):
         connect_timeout: seconds to open a TCP connection (an ``extensions["timeout"]``
             ``connect`` value on the request wins).
         max_idle_per_origin: idle connections kept per ``host:port``; extra ones close.
+        max_body_bytes: the largest response body read; a larger one raises
+            :class:`ResponseTooLarge` (an ``httpx.RemoteProtocolError``).
     """
 
-    def __init__(self, *, connect_timeout: float = 10.0, max_idle_per_origin: int = 1024) -> None:
+    def __init__(
+        self, *, connect_timeout: float = 10.0, max_idle_per_origin: int = 1024, max_body_bytes: int = MAX_BODY
+    ) -> None:
+        if not max_body_bytes > 0:
+            raise ValueError(f"TrioTransport.max_body_bytes: must be > 0, got {max_body_bytes!r}")
         self.connect_timeout = connect_timeout
         self.max_idle_per_origin = max_idle_per_origin
+        self.max_body_bytes = max_body_bytes
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
         self._closed = False
 
@@ -89,7 +114,7 @@ class TrioTransport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:
             body = await request.aread()
         timeouts = request.extensions.get("timeout") or {}
-        data = _encode_request(request, body)
+        events = _request_events(request, body)
 
         pool = self._idle.get(origin)
         conn: _Conn | None = None
@@ -105,6 +130,10 @@ class TrioTransport(httpx.AsyncBaseTransport):
         reusable = False
         try:
             try:
+                data = b"".join([conn.h11.send(event) or b"" for event in events])
+            except h11.LocalProtocolError as exc:
+                raise httpx.LocalProtocolError(f"invalid request: {exc}", request=request) from exc
+            try:
                 sent = await conn.sock.send(data)
                 if sent < len(data):
                     view = memoryview(data)[sent:]
@@ -112,7 +141,8 @@ class TrioTransport(httpx.AsyncBaseTransport):
                         view = view[await conn.sock.send(view) :]
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise httpx.WriteError(str(exc) or "write failed", request=request) from exc
-            response, reusable = await _read_response(conn, request, timeouts.get("read"))
+            response = await _read_response(conn, request, timeouts.get("read"), self.max_body_bytes)
+            reusable = conn.reusable()
         finally:
             if reusable and not self._closed:
                 pool = self._idle.get(origin)
@@ -146,8 +176,9 @@ class TrioTransport(httpx.AsyncBaseTransport):
         await trio.lowlevel.checkpoint()
 
 
-def _encode_request(request: httpx.Request, body: bytes) -> bytes:
-    lines = [b"%s %s HTTP/1.1" % (request.method.encode("ascii"), request.url.raw_path)]
+def _request_events(request: httpx.Request, body: bytes) -> list[h11.Event]:
+    """The h11 events for ``request`` with its whole ``body`` (sent with a length)."""
+    headers = []
     has_length = False
     for name, value in request.headers.raw:
         lname = name.lower()
@@ -155,16 +186,18 @@ def _encode_request(request: httpx.Request, body: bytes) -> bytes:
             has_length = True
         elif lname == b"transfer-encoding":
             continue  # the body is already whole: send it with a length
-        if b":" in name:
-            raise httpx.LocalProtocolError(f"invalid header {name!r}", request=request)
-        lines.append(b"%s: %s" % (name, value))
+        headers.append((name, value))
     if not has_length and (body or request.method in ("POST", "PUT", "PATCH")):
-        lines.append(b"content-length: %d" % len(body))
-    head = b"\r\n".join(lines)
-    if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1:
-        # a CR or LF inside a request target, header name or value would split it
-        raise httpx.LocalProtocolError("invalid header: CR or LF in a request line or header", request=request)
-    return b"%s\r\n\r\n%s" % (head, body)
+        headers.append((b"content-length", b"%d" % len(body)))
+    try:
+        head = h11.Request(method=request.method, target=request.url.raw_path, headers=headers)
+    except h11.LocalProtocolError as exc:  # a CR, LF or NUL in a header or the target
+        raise httpx.LocalProtocolError(f"invalid request: {exc}", request=request) from exc
+    events: list[h11.Event] = [head]
+    if body:
+        events.append(h11.Data(data=body))
+    events.append(h11.EndOfMessage())
+    return events
 
 
 async def _receive(conn: _Conn, request: httpx.Request, timeout: float | None) -> bytes:
@@ -179,142 +212,49 @@ async def _receive(conn: _Conn, request: httpx.Request, timeout: float | None) -
         raise httpx.ReadError(str(exc) or "read failed", request=request) from exc
 
 
-async def _read_response(conn: _Conn, request: httpx.Request, timeout: float | None) -> tuple[httpx.Response, bool]:
-    """Read one response; returns it and whether the connection may be reused."""
-    buf = conn.buf
-    while True:  # skip 1xx interim answers
-        while (end := buf.find(b"\r\n\r\n")) < 0:
-            if len(buf) > MAX_HEAD:
-                raise httpx.RemoteProtocolError("response head too large", request=request)
-            data = await _receive(conn, request, timeout)
-            if not data:
-                raise httpx.RemoteProtocolError(
-                    "server disconnected without sending a complete response", request=request
-                )
-            buf += data
-        head, buf = buf[:end], buf[end + 4 :]
-        lines = head.split(b"\r\n")
-        try:
-            version, status_text, *reason = lines[0].split(b" ", 2)
-            status = int(status_text)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request) from None
-        if not version.startswith(b"HTTP/1.") or not 100 <= status <= 999:
-            raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
-        if status >= 200 or status == 101:
-            break
-    headers: list[tuple[bytes, bytes]] = []
-    length: int | None = None
-    chunked = False
-    encoded = False
-    close = version == b"HTTP/1.0"
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}", request=request)
-        value = value.strip()
-        headers.append((name, value))
-        lname = name.lower()
-        if lname == b"content-length":
-            try:
-                length = int(value)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad content-length {value!r}", request=request) from None
-            if length < 0:
-                raise httpx.RemoteProtocolError(f"bad content-length {value!r}", request=request)
-        elif lname == b"transfer-encoding":
-            chunked = value.lower().endswith(b"chunked")
-        elif lname == b"content-encoding":
-            encoded = value.lower() not in (b"", b"identity")
-        elif lname == b"connection":
-            token = value.lower()
-            if b"close" in token:
-                close = True
-            elif b"keep-alive" in token:
-                close = False
-    if request.method == "HEAD" or status in (204, 304):
-        body = b""
-    elif chunked:
-        body, buf = await _read_chunked(conn, buf, request, timeout)
-    elif length is not None:
-        while len(buf) < length:
-            data = await _receive(conn, request, timeout)
-            if not data:
-                raise httpx.RemoteProtocolError(
-                    f"server disconnected after {len(buf)} of {length} body bytes", request=request
-                )
-            buf += data
-        body, buf = buf[:length], buf[length:]
-    else:
-        chunks = [buf]
-        while data := await _receive(conn, request, timeout):
-            chunks.append(data)
-        body, buf, close = b"".join(chunks), b"", True
-    conn.buf = b""
-    return _response(status, headers, body, encoded, version, reason, request), not close and not buf
-
-
-def _response(
-    status: int,
-    headers: list[tuple[bytes, bytes]],
-    body: bytes,
-    encoded: bool,
-    version: bytes,
-    reason: list[bytes],
-    request: httpx.Request,
+async def _read_response(
+    conn: _Conn, request: httpx.Request, timeout: float | None, max_body: int
 ) -> httpx.Response:
-    """The whole answer as a read ``httpx.Response``.
-
-    Built from a stream (``content=`` would add headers the server did not send and
-    decode the body through httpx's chunker). A body with no ``Content-Encoding`` is its
-    own content, so it is set as read (about 10 us less per request than ``read()``); if
-    httpx ever stops honouring that, ``response.content`` raises ``ResponseNotRead`` and
-    both callers (``client.send`` and ``HttpSession``) read the stream instead. An encoded
-    body is decoded by ``read()``.
-    """
+    """Read one whole response through h11 (interim 1xx answers skipped)."""
+    machine = conn.h11
+    head: h11.Response | None = None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            event = machine.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise httpx.RemoteProtocolError(f"malformed response: {exc}", request=request) from exc
+        if event is h11.NEED_DATA:
+            data = await _receive(conn, request, timeout)
+            try:
+                machine.receive_data(data)  # b"": the server closed its end
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(f"malformed response: {exc}", request=request) from exc
+        elif type(event) is h11.Data:
+            size += len(event.data)
+            if size > max_body:
+                raise ResponseTooLarge(
+                    f"response body exceeds max_body_bytes={max_body} (read {size} bytes)", request=request
+                )
+            chunks.append(bytes(event.data))
+        elif type(event) is h11.Response:
+            head = event
+        elif type(event) is h11.EndOfMessage:
+            break
+        elif type(event) is h11.InformationalResponse:
+            continue
+        else:  # ConnectionClosed (or PAUSED, which cannot happen mid-response)
+            raise httpx.RemoteProtocolError(
+                "server disconnected without sending a complete response", request=request
+            )
+    assert head is not None  # h11 emits the head before any body event
     response = httpx.Response(
-        status,
-        headers=headers,
-        stream=httpx.ByteStream(body),
-        extensions={"http_version": version, "reason_phrase": reason[0] if reason else b""},
+        head.status_code,
+        headers=head.headers.raw_items(),
+        stream=httpx.ByteStream(b"".join(chunks)),
+        extensions={"http_version": b"HTTP/" + head.http_version, "reason_phrase": head.reason},
         request=request,
     )
-    if encoded:
-        response.read()
-    else:
-        response._content = body  # what read() would produce through the identity decoder
-        response.is_stream_consumed = True
-        response.is_closed = True
+    response.read()  # a ByteStream: decodes Content-Encoding, no I/O
     return response
-
-
-async def _read_chunked(conn: _Conn, buf: bytes, request: httpx.Request, timeout: float | None) -> tuple[bytes, bytes]:
-    out: list[bytes] = []
-
-    async def more(buf: bytes) -> bytes:
-        data = await _receive(conn, request, timeout)
-        if not data:
-            raise httpx.RemoteProtocolError("server disconnected inside a chunked body", request=request)
-        return buf + data
-
-    while True:
-        while (eol := buf.find(b"\r\n")) < 0:
-            buf = await more(buf)
-        try:
-            size = int(buf[:eol].split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"bad chunk size line {buf[:eol][:50]!r}", request=request) from None
-        buf = buf[eol + 2 :]
-        if size == 0:
-            while True:  # trailers, up to an empty line
-                while (eol := buf.find(b"\r\n")) < 0:
-                    buf = await more(buf)
-                line, buf = buf[:eol], buf[eol + 2 :]
-                if not line:
-                    return b"".join(out), buf
-        while len(buf) < size + 2:
-            buf = await more(buf)
-        if buf[size : size + 2] != b"\r\n":
-            raise httpx.RemoteProtocolError("chunk not followed by CRLF", request=request)
-        out.append(buf[:size])
-        buf = buf[size + 2 :]

@@ -11,6 +11,9 @@ weight update can end a request at a chunk boundary *with its partial output*, a
 does. Pause modes: ``abort`` ends in-flight requests with ``finish_reason`` ``abort`` and
 their partial tokens, and ends requests that arrive while paused at once ("Abort before
 prefill"); ``retract`` and ``in_place`` hold requests until ``/continue_generation``.
+
+Request bodies are structured and validated by :mod:`._schema` (HTTP 400 names the field
+and the rule); :mod:`._asgi` puts these routes behind an ASGI app with limits and auth.
 """
 
 from __future__ import annotations
@@ -18,38 +21,45 @@ from __future__ import annotations
 import collections
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
-from .._config import TOP_K_OFF, GenerationConfig
+from .._config import GenerationConfig
 from .._errors import EngineError, RolloutError, UnsupportedRequestError, WorkflowContractError
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
-from ._http import Request, Response, json_response
+from ._schema import (
+    AbortBody,
+    BadRequest,
+    GenerateBody,
+    PauseBody,
+    UpdateFromDiskBody,
+    UpdateVersionBody,
+    parse_body,
+)
 
-__all__ = ["SGLangApp"]
+__all__ = ["EngineFailure", "Reply", "SGLangApp"]
 
 _HISTORY = 4096  # rids remembered in the counters
-
-_NEUTRAL = {"min_p": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": 1}
-_KNOWN = {
-    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop",
-    "ignore_eos", "skip_special_tokens", "frequency_penalty", "sampling_seed", "no_stop_trim",
-    "spaces_between_special_tokens", *_NEUTRAL,
-}  # fmt: skip
-
-
-class BadRequest(Exception):
-    """A request the server refuses with HTTP 400."""
 
 
 class EngineFailure(Exception):
     """The engine failed: HTTP 500 (worth retrying elsewhere)."""
 
 
-def _error(message: str, status: int = 400) -> Response:
-    return json_response({"error": {"message": message, "code": status}}, status)
+@attrs.frozen
+class Reply:
+    """A route's answer: a status and a JSON value (``None``: an empty body)."""
+
+    status: int = 200
+    json: Any = None
+
+
+_EMPTY = Reply(200, None)
+Route = Callable[[Any], Awaitable[Reply]]
 
 
 class _Live:
@@ -58,10 +68,10 @@ class _Live:
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.chunk: trio.CancelScope | None = None
-        self.reason: str | None = None  # "abort" | "pause" | "hold" | "update"
+        self.reason: str | None = None  # "abort" | "pause" | "hold" | "update" | "shutdown"
 
     def interrupt(self, reason: str) -> None:
-        if self.reason is None or reason in ("abort", "pause", "update"):
+        if self.reason is None or reason in ("abort", "pause", "update", "shutdown"):
             self.reason = reason
         if self.chunk is not None:
             self.chunk.cancel()
@@ -117,6 +127,7 @@ class SGLangApp:
         self.step_delay = step_delay
         self.tokenizer = tokenizer
         self.weight_version = "default"
+        self._closing = False
         self._pause_mode: str | None = None
         self._updating = False
         self._changed = trio.Event()
@@ -126,7 +137,8 @@ class SGLangApp:
         self.finished = _Ring()
         self.aborted = _Ring()
         self.counters: collections.Counter[str] = collections.Counter()
-        self._routes = {
+        #: ``(method, path) -> route``; a route takes the decoded JSON body (None if empty).
+        self.routes: dict[tuple[str, str], Route] = {
             ("GET", "/health"): self._health,
             ("GET", "/health_generate"): self._health,
             ("GET", "/get_model_info"): self._model_info,
@@ -141,25 +153,12 @@ class SGLangApp:
             ("POST", "/update_weight_version"): self._update_weight_version,
         }
 
-    async def __call__(self, request: Request) -> Response:
-        """Route one request."""
-        route = self._routes.get((request.method, request.path))
-        if route is None:
-            if any(path == request.path for _, path in self._routes):
-                return _error(f"method {request.method} not allowed on {request.path}", 405)
-            return _error(f"no endpoint {request.path}", 404)
-        try:
-            body = request.json() if request.method == "POST" else None
-        except ValueError as exc:
-            return _error(f"body is not JSON: {exc}")
-        if request.method == "POST" and body is not None and not isinstance(body, dict):
-            return _error("body must be a JSON object")
-        try:
-            return await route(body or {})
-        except BadRequest as exc:
-            return _error(str(exc))
-        except EngineFailure as exc:
-            return _error(str(exc), 500)
+    def shut_down(self) -> None:
+        """End every generation now (``abort`` with its partial output) and refuse new ones."""
+        self._closing = True
+        for live in list(self._live.values()):
+            live.interrupt("shutdown")
+        self._notify()
 
     # ------------------------------------------------------------------ state
 
@@ -172,11 +171,12 @@ class SGLangApp:
 
     # ------------------------------------------------------------------ info
 
-    async def _health(self, _body: dict[str, Any]) -> Response:
-        return Response(200, b"")
+    async def _health(self, _body: Any) -> Reply:
+        return _EMPTY
 
-    async def _model_info(self, _body: dict[str, Any]) -> Response:
-        return json_response(
+    async def _model_info(self, _body: Any) -> Reply:
+        return Reply(
+            200,
             {
                 "model_path": self.model_path,
                 "tokenizer_path": self.model_path,
@@ -187,14 +187,15 @@ class SGLangApp:
             }
         )
 
-    async def _server_info(self, _body: dict[str, Any]) -> Response:
-        return json_response(
+    async def _server_info(self, _body: Any) -> Reply:
+        return Reply(
+            200,
             {"server": "rollout-trio serve", "protocol": "sglang", "segment_tokens": self.segment_tokens,
              "weight_version": self.weight_version, "paused": self._pause_mode}
         )  # fmt: skip
 
-    async def _get_weight_version(self, _body: dict[str, Any]) -> Response:
-        return json_response({"weight_version": self.weight_version})
+    async def _get_weight_version(self, _body: Any) -> Reply:
+        return Reply(200, {"weight_version": self.weight_version})
 
     def _stats_dict(self) -> dict[str, Any]:
         return {
@@ -206,55 +207,49 @@ class SGLangApp:
             "aborted_rids": self.aborted.list(),
         }
 
-    async def _stats(self, _body: dict[str, Any]) -> Response:
-        return json_response(self._stats_dict())
+    async def _stats(self, _body: Any) -> Reply:
+        return Reply(200, self._stats_dict())
 
     # ------------------------------------------------------------------ control
 
-    async def _abort(self, body: dict[str, Any]) -> Response:
+    async def _abort(self, data: Any) -> Reply:
+        body = parse_body(AbortBody, data, "abort_request")
         self.counters["abort_requests"] += 1
-        if body.get("abort_all"):
+        if body.abort_all:
             for live in list(self._live.values()):
                 live.interrupt("abort")
-            return Response(200, b"", "text/plain")
-        rid = body.get("rid")
-        if not isinstance(rid, str) or not rid:
-            raise BadRequest("abort_request: 'rid' must be a non-empty string (or send abort_all: true)")
+            return _EMPTY
+        rid = body.rid
+        assert rid  # AbortBody's rule
         self.aborted.add(rid)
         target = self._live.get(rid)
         if target is not None:
             target.interrupt("abort")
         else:
             self._early_aborts.add(rid)  # its /generate may still be on the way
-        return Response(200, b"", "text/plain")
+        return _EMPTY
 
-    async def _pause(self, body: dict[str, Any]) -> Response:
-        mode = body.get("mode", "abort")
-        if mode not in ("abort", "retract", "in_place"):
-            raise BadRequest(f"pause_generation: mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+    async def _pause(self, data: Any) -> Reply:
+        mode = parse_body(PauseBody, data, "pause_generation").mode
         self._pause_mode = mode
         self.counters["pauses"] += 1
         for live in list(self._live.values()):
             live.interrupt("pause" if mode == "abort" else "hold")
         self._notify()
-        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+        return Reply(200, {"message": "Generation paused successfully.", "status": "ok"})
 
-    async def _continue(self, _body: dict[str, Any]) -> Response:
+    async def _continue(self, _body: Any) -> Reply:
         self._pause_mode = None
         self._notify()
-        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+        return Reply(200, {"message": "Generation continued successfully.", "status": "ok"})
 
-    async def _update_from_disk(self, body: dict[str, Any]) -> Response:
-        path = body.get("model_path")
-        if not isinstance(path, str) or not path:
-            raise BadRequest("update_weights_from_disk: 'model_path' must be a non-empty string")
-        label = body.get("weight_version")
-        if label is not None and not isinstance(label, str):
-            raise BadRequest("update_weights_from_disk: 'weight_version' must be a string")
+    async def _update_from_disk(self, data: Any) -> Reply:
+        body = parse_body(UpdateFromDiskBody, data, "update_weights_from_disk")
+        path, label = body.model_path, body.weight_version
         async with self._update_lock:
             version = self._version_for(label) if label is not None else self.engine.get_version()
             self._updating = True
-            reason = "update" if body.get("abort_all_requests") else "hold"
+            reason = "update" if body.abort_all_requests else "hold"
             n = len(self._live)
             for live in list(self._live.values()):
                 live.interrupt(reason)
@@ -262,27 +257,24 @@ class SGLangApp:
             try:
                 await self.engine.update_weights(path, version)
             except (RolloutError, OSError, ValueError) as exc:
-                return json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, 400)
+                return Reply(400, {"success": False, "message": f"{type(exc).__name__}: {exc}"})
             finally:
                 self._updating = False
                 self._notify()
             if label is not None:
                 self.weight_version = label
             self.counters["weight_updates"] += 1
-        return json_response(
-            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": n}
-        )
+        return Reply(200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": n})
 
-    async def _update_weight_version(self, body: dict[str, Any]) -> Response:
-        label = body.get("new_version")
-        if not isinstance(label, str) or not label:
-            raise BadRequest("update_weight_version: 'new_version' must be a non-empty string")
-        if body.get("abort_all_requests"):
+    async def _update_weight_version(self, data: Any) -> Reply:
+        body = parse_body(UpdateVersionBody, data, "update_weight_version")
+        label = body.new_version
+        if body.abort_all_requests:
             for live in list(self._live.values()):
                 live.interrupt("update")
         self.engine.set_version(self._version_for(label))
         self.weight_version = label
-        return json_response({"success": True, "new_version": label})
+        return Reply(200, {"success": True, "new_version": label})
 
     def _version_for(self, label: str) -> int:
         if label == "default":
@@ -294,56 +286,20 @@ class SGLangApp:
 
     # ------------------------------------------------------------------ generation
 
-    def _gconfig(self, sp: Any) -> GenerationConfig:
-        if sp is None:
-            sp = {}
-        if not isinstance(sp, dict):
-            raise BadRequest("generate: 'sampling_params' must be an object (batches are not supported)")
-        unknown = sorted(set(sp) - _KNOWN)
-        if unknown:
-            raise BadRequest(f"generate: sampling_params: unsupported keys {unknown}")
-        for key, neutral in _NEUTRAL.items():
-            if key in sp and sp[key] != neutral:
-                raise BadRequest(f"generate: sampling_params.{key}: only {neutral!r} is supported, got {sp[key]!r}")
-        try:
-            top_k = sp.get("top_k", -1)
-            temperature = sp.get("temperature", 1.0)
-            fields: dict[str, Any] = {
-                "max_new_tokens": sp.get("max_new_tokens", 128),
-                "min_new_tokens": sp.get("min_new_tokens", 0),
-                "temperature": temperature if temperature is not None and temperature > 1e-5 else 1.0,
-                "greedy": temperature is not None and temperature <= 1e-5,
-                "top_p": sp.get("top_p", 1.0),
-                "top_k": TOP_K_OFF
-                if top_k in (-1, 0, None) or (isinstance(top_k, int) and top_k >= TOP_K_OFF)
-                else top_k,
-                "stop_token_ids": sp.get("stop_token_ids") or (),
-                "stop": sp.get("stop") or None,
-                "ignore_eos": sp.get("ignore_eos", False),
-                "skip_special_tokens": sp.get("skip_special_tokens", True),
-                "frequency_penalty": sp.get("frequency_penalty", 0.0),
-                "seed": sp.get("sampling_seed"),
-            }
-            return GenerationConfig(**fields)
-        except (ValueError, TypeError) as exc:
-            raise BadRequest(f"generate: sampling_params: {exc}") from None
-
-    async def _generate(self, body: dict[str, Any]) -> Response:
+    async def _generate(self, data: Any) -> Reply:
         self.counters["generate_received"] += 1
-        if body.get("stream"):
-            raise BadRequest("generate: stream=true is not supported by this server")
-        ids = body.get("input_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise BadRequest(
-                "generate: 'input_ids' must be a non-empty list of token ids (text and batches are not supported)"
-            )
-        rid = body.get("rid") or uuid.uuid4().hex
-        if not isinstance(rid, str):
-            raise BadRequest("generate: 'rid' must be a string")
+        body = parse_body(GenerateBody, data, "generate")
+        if self._closing:
+            return Reply(503, {"error": {"message": "generate: the server is shutting down", "code": 503}})
+        ids = body.input_ids
+        rid = body.rid or uuid.uuid4().hex
         if rid in self._live:
-            raise BadRequest(f"generate: duplicate request id {rid!r} is in flight")
-        gconfig = self._gconfig(body.get("sampling_params"))
-        return_logprob = bool(body.get("return_logprob", False))
+            raise BadRequest(f"generate: rid: duplicate request id {rid!r} is in flight")
+        try:
+            gconfig = body.sampling_params.gconfig()
+        except WorkflowContractError as exc:  # a combination the per-field rules allow
+            raise BadRequest(f"generate: sampling_params: {exc}") from None
+        return_logprob = body.return_logprob
         live = _Live(rid)
         if rid in self._early_aborts:
             self._early_aborts.discard(rid)
@@ -380,7 +336,7 @@ class SGLangApp:
         text = ""
         if self.tokenizer is not None and tokens:
             text = self.tokenizer.decode(tokens, skip_special_tokens=gconfig.skip_special_tokens)
-        return json_response({"text": text, "output_ids": tokens, "meta_info": meta})
+        return Reply(200, {"text": text, "output_ids": tokens, "meta_info": meta})
 
     async def _run(
         self, live: _Live, prompt: list[int], g: GenerationConfig
@@ -393,6 +349,8 @@ class SGLangApp:
             while True:
                 if live.reason == "abort":
                     return tokens, logprobs, {"type": "abort", "message": "Abort by /abort_request"}
+                if live.reason == "shutdown":
+                    return tokens, logprobs, {"type": "abort", "message": "Abort due to server shutdown"}
                 if live.reason == "update":
                     return tokens, logprobs, {"type": "abort", "message": "Abort due to a weight update"}
                 if self._pause_mode == "abort":
@@ -429,6 +387,7 @@ class SGLangApp:
                 continue  # interrupted: the checks above decide what happens
             tokens += resp.output_tokens
             logprobs += resp.output_logprobs
+            self.counters["output_tokens"] += len(resp.output_tokens)
             if resp.stop_reason == "stop" and resp.output_tokens:
                 return tokens, logprobs, {"type": "stop", "matched": tokens[-1]}
             if len(tokens) >= budget or resp.stop_reason == "stop" or len(resp.output_tokens) < n:
