@@ -16,6 +16,8 @@ from rollout_trio.executor import TaskOutcome, open_executor
 from rollout_trio.testing import ScriptedEngine
 
 KINDS = ["ok", "ok", "none", "empty", "fail", "filter"]
+# prepare_batch's source (no "filter": its should_accept_fn is fixed by the first call).
+SOURCE = [(1, True, "ok"), (0, False, "none"), (2, False, "ok"), (1, True, "fail"), (0, True, "ok")]
 
 task_specs = st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(KINDS))
 operations = st.lists(
@@ -28,6 +30,8 @@ operations = st.lists(
         st.tuples(st.just("resume"), st.none()),
         st.tuples(st.just("bump"), st.none()),
         st.tuples(st.just("sleep"), st.integers(0, 3)),
+        st.tuples(st.just("batch"), st.tuples(st.lists(task_specs, max_size=4), st.integers(0, 6))),
+        st.tuples(st.just("prepare"), st.tuples(st.integers(1, 3), st.integers(0, 6))),
     ),
     max_size=30,
 )
@@ -49,10 +53,12 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
     queued + running + buffered``; every task ends exactly once (one callback); every
     trajectory accepted is either delivered exactly once or still buffered at the end;
     buffered never exceeds queue_size — under random workflow failures, rejections (None,
-    ``{}``, should_accept_fn), cancellations, pauses and version bumps."""
+    ``{}``, should_accept_fn), cancellations, pauses, version bumps, and rollout_batch /
+    prepare_batch calls abandoned part-way by a timeout."""
     delivered: list[int] = []
     outcomes: list[TaskOutcome] = []
     violations: list[str] = []
+    kinds: dict[Any, str] = {}
 
     def check(ex: Any, where: str) -> None:
         s = ex.statistics()
@@ -68,6 +74,7 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
             async def wf(engine: Any, data: tuple[int, bool, str]) -> Any:
                 steps, use_engine, kind = data
                 tid = workflow_context.get().task_id
+                kinds[tid] = kind
                 for _ in range(steps):
                     check(ex, f"task {tid}")
                     if use_engine:
@@ -84,14 +91,16 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
                     {"input_ids": torch.tensor([[tid]]), "attention_mask": torch.tensor([[True]])}
                 )
 
+            def reject_filtered(traj: Trajectory) -> bool:
+                return kinds[int(traj.input_ids[0, 0])] != "filter"
+
             def take(results: list[Any]) -> None:
                 delivered.extend(int(t.input_ids[0, 0]) for t in results if t is not None)
 
             for op, arg in ops:
                 check(ex, op)
                 if op == "submit":
-                    reject = (lambda t: False) if arg[2] == "filter" else None
-                    ex.submit(arg, wf, should_accept_fn=reject, callback=outcomes.append)
+                    ex.submit(arg, wf, should_accept_fn=reject_filtered, callback=outcomes.append)
                 elif op == "wait":
                     take(await ex.wait(arg, timeout=3, raise_timeout=False))
                 elif op == "wait_for":
@@ -109,6 +118,14 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
                     ex.set_version(engine.get_version() + 1)
                 elif op == "sleep":
                     await trio.sleep(arg)
+                elif op == "batch":
+                    specs, limit = arg
+                    with trio.move_on_after(limit):
+                        take(await ex.rollout_batch(specs, wf, should_accept_fn=reject_filtered, callback=outcomes.append, progress=False))
+                elif op == "prepare":
+                    size, limit = arg
+                    with trio.move_on_after(limit):
+                        take(await ex.prepare_batch(SOURCE, wf, batch_size=size, callback=outcomes.append, progress=False))
                 check(ex, op)
             if ex.paused:
                 await ex.resume()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -585,3 +584,72 @@ async def test_hostile_dump_names_fail_at_start(tmp_path: Any, name: str) -> Non
             ):  # fmt: skip
                 pass
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_progress_bar_only_when_asked_or_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    async with ScriptedEngine() as engine, ex_of(engine) as ex:
+        await ex.rollout_batch([{}] * 3, gen_workflow)  # stderr is not a terminal here: silent
+        assert capsys.readouterr().err == ""
+        await ex.rollout_batch([{}] * 3, gen_workflow, progress=True)
+        err = capsys.readouterr().err
+        assert "task" in err and "0/3" in err, err
+
+
+async def test_group_statistics_are_kept_per_scope() -> None:
+    async with ScriptedEngine() as engine, ex_of(engine, max_concurrent_rollouts=2) as ex:
+        await ex.rollout_batch([{}], gen_workflow, group_size=2, progress=False)
+        await ex.rollout_batch([{}], gen_workflow, group_size=3, is_eval=True, progress=False)
+        stats = ex.group_statistics()
+    assert stats["rollout/target_slot_count"] == 2.0
+    assert stats["eval-rollout/target_slot_count"] == 3.0
+
+
+async def test_an_abandoned_rollout_batch_loses_no_accepted_trajectory(autojump_clock: trio.testing.MockClock) -> None:
+    async def wf(engine: Any, data: int) -> Trajectory:
+        await trio.sleep(data)
+        return Trajectory.from_dict({"input_ids": torch.tensor([[data]]), "attention_mask": torch.tensor([[True]])})
+
+    async with ScriptedEngine() as engine, ex_of(engine, max_concurrent_rollouts=4) as ex:
+        with trio.move_on_after(5):
+            await ex.rollout_batch([1, 2, 100, 200], wf, progress=False)
+        await trio.testing.wait_all_tasks_blocked()  # the cancelled tasks unwind
+        s = ex.statistics()
+        assert (s.buffered, s.cancelled, s.running) == (2, 2, 0) and s.balanced()  # the slow two were cancelled
+        assert sorted(int(t.input_ids[0, 0]) for t in await ex.wait(2)) == [1, 2]
+
+
+async def test_an_abandoned_prepare_batch_hands_its_trajectories_to_the_next_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def wf(engine: Any, data: int) -> Trajectory:
+        await trio.sleep(data)
+        return Trajectory.from_dict({"input_ids": torch.tensor([[data]]), "attention_mask": torch.tensor([[True]])})
+
+    source = [1, 1000, 1000]
+    async with ScriptedEngine() as engine, open_executor(engine, max_concurrent_rollouts=3, consumer_batch_size=3) as ex:
+        with trio.move_on_after(10):
+            await ex.prepare_batch(source, wf, batch_size=3)
+        assert ex.statistics().buffered == 1 and ex.statistics().balanced()
+        batch = await ex.prepare_batch(source, wf, batch_size=3)
+        assert [int(t.input_ids[0, 0]) for t in batch] == [1, 1000, 1000]  # the one taken before is first
+
+
+async def test_a_source_that_outruns_the_trainer_waits(autojump_clock: trio.testing.MockClock) -> None:
+    """prepare_batch pulls items lazily: a trainer that stops asking stops the reading."""
+    pulled = 0
+
+    def endless() -> Any:
+        nonlocal pulled
+        while True:
+            pulled += 1
+            yield {}
+
+    source = endless()
+    async with ScriptedEngine() as engine, open_executor(
+        engine, consumer_batch_size=2, max_concurrent_rollouts=8, max_head_offpolicyness=1
+    ) as ex:
+        assert len(await ex.prepare_batch(source, gen_workflow, batch_size=2)) == 2
+        await trio.sleep(1000)
+        assert pulled <= 2 + ex.staleness.get_pending_limit()
+        s = ex.statistics()
+        assert s.buffered + s.running + s.queued + s.accepted == pulled

@@ -124,7 +124,7 @@ class RolloutConfig:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         if path.endswith((".yaml", ".yml")):
-            import yaml
+            import yaml  # type: ignore[import-untyped,unused-ignore]
 
             data = yaml.safe_load(text)
         else:

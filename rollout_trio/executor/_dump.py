@@ -459,32 +459,37 @@ class TrajectoryDumper:
         if not lines:
             return True, 0
         path = self.path_for(task_id=task_id, version=tail, is_eval=is_eval)
-        try:
-            return True, self._append(path, lines)
-        except OSError as exc:
-            logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, exc)
-            return False, 0
+        written, error = self._append(path, lines)
+        if error is not None:
+            logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, error)
+        return error is None, written
 
-    def _append(self, path: Path, lines: list[str]) -> int:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A symlink planted inside the tree (a directory, or the file: O_NOFOLLOW) must not
-        # carry writes out of fileroot.
-        if not _is_under(os.path.realpath(path.parent), self._root):
-            raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
+    def _append(self, path: Path, lines: list[str]) -> tuple[int, OSError | None]:
+        """Lines written, and the error that stopped the rest (None when all went)."""
+        written = 0
         try:
-            with self._locks[hash(str(path)) % _STRIPES]:
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    for line in lines:
-                        _write_line(fd, line.encode())
-                finally:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # A symlink planted inside the tree (a directory, or the file: O_NOFOLLOW) must
+            # not carry writes out of fileroot.
+            if not _is_under(os.path.realpath(path.parent), self._root):
+                raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            try:
+                with self._locks[hash(str(path)) % _STRIPES]:
                     if fcntl is not None:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-        return len(lines)
+                        fcntl.flock(fd, fcntl.LOCK_EX)
+                    try:
+                        for line in lines:
+                            _write_line(fd, line.encode())
+                            written += 1
+                    finally:
+                        if fcntl is not None:
+                            fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return written, exc
+        return written, None
 
 
 def _write_line(fd: int, data: bytes) -> None:

@@ -558,6 +558,38 @@ class RolloutExecutor:
             self._nursery.cancel_scope.cancel()
         self._notify()
 
+    def _untake(self, task: _Task, result: Result) -> None:
+        """Undo :meth:`_take`: the result is buffered again."""
+        task.result = result
+        self._accepted -= 1
+        self._buffered += 1
+        self._tasks[task.task_id] = task
+
+    def _abandon(self, tasks: list[_Task], collector: _Collector, taken: dict[int, Result]) -> None:
+        """A rollout_batch call ended early (cancelled, or the executor stopped).
+
+        Its unfinished tasks are cancelled; accepted trajectories it had not returned go to
+        the common buffer (for ``wait``), so nothing accepted is lost.
+        """
+        for task in tasks:
+            if task.status is None:
+                task.collector = None  # it concludes the ordinary way
+                if self._failure is None and not self._closed:
+                    self.cancel(task.task_id)
+        while collector.done:
+            task = collector.done.popleft()
+            task.collector = None
+            if task.status == "accepted":
+                self._buffer[task.task_id] = task
+            else:
+                self._tasks.pop(task.task_id, None)
+                self._remember(task.task_id, task.status or "cancelled")
+        for task in tasks:
+            if task.task_id in taken:
+                self._untake(task, taken.pop(task.task_id))
+                self._buffer[task.task_id] = task
+        self._notify()
+
     # -- consuming -------------------------------------------------------------------------
 
     async def wait(self, count: int, timeout: float | None = None, *, raise_timeout: bool = True) -> list[Result]:
@@ -634,7 +666,7 @@ class RolloutExecutor:
         show = sys.stderr.isatty() if progress is None else progress
         if not show:
             return nullcontext(None)
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
         return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
 
@@ -683,12 +715,7 @@ class RolloutExecutor:
                         await self._park()
             self._notify()
         except BaseException:
-            # Abandoned (cancelled or failed): stop our tasks, keep the books straight.
-            for task in tasks:
-                if task.status is None and self._failure is None and not self._closed:
-                    self.cancel(task.task_id)
-                if task.status is not None:
-                    self._take(task)
+            self._abandon(tasks, collector, results)
             raise
         return [results[t.task_id] for t in tasks if t.task_id in results]
 
@@ -740,11 +767,31 @@ class RolloutExecutor:
         if self.queue_size < batch_size:
             raise ValueError(f"Inference engine config's queue size is too small: {self.queue_size} < batch size {batch_size}.")
         pending_limit = self.staleness.get_pending_limit()
-        kept: list[Result] = []
+        kept: list[tuple[_Task, Result]] = []
+        try:
+            return await self._fill_batch(feed, batch_size, dynamic_bs, pending_limit, kept, progress)
+        except BaseException:
+            # Abandoned: the trajectories taken so far wait, in order, for the next call.
+            for task, result in reversed(kept):
+                self._untake(task, result)
+                feed.collector.done.appendleft(task)
+                feed.outstanding += 1
+            self._notify()
+            raise
+
+    async def _fill_batch(
+        self,
+        feed: _Feed,
+        batch_size: int,
+        dynamic_bs: bool,
+        pending_limit: int,
+        kept: list[tuple[_Task, Result]],
+        progress: bool | None,
+    ) -> list[Result]:
         attempts = 0
         with self._progress(batch_size, progress, "traj") as bar:
             while True:
-                queued = sum(1 for t in feed.queued if t.status is None and t in self._pending)
+                queued = sum(1 for t in feed.queued if t.scope is None and t.status is None)
                 capacity = min(pending_limit - queued, self.queue_size - (len(self._pending) + batch_size))
                 for _ in range(min(batch_size, capacity)):
                     item = await feed.next_item()
@@ -757,7 +804,7 @@ class RolloutExecutor:
                     )
                     feed.queued.append(task)
                     feed.outstanding += 1
-                while feed.queued and (feed.queued[0].status is not None or feed.queued[0] not in self._pending):
+                while feed.queued and (feed.queued[0].status is not None or feed.queued[0].scope is not None):
                     feed.queued.popleft()
                 while feed.collector.done:
                     task = feed.collector.done.popleft()
@@ -765,15 +812,15 @@ class RolloutExecutor:
                     feed.outstanding -= 1
                     attempts += 1
                     if result is not None:
-                        kept.append(result)
+                        kept.append((task, result))
                         if bar is not None:
                             bar.update(1)
                     if (attempts if dynamic_bs else len(kept)) >= batch_size:
                         self._notify()
-                        return kept
+                        return [r for _, r in kept]
                 if feed.exhausted and not feed.outstanding:
                     self._notify()
-                    return kept
+                    return [r for _, r in kept]
                 self._notify()
                 await self._park()
 
@@ -849,9 +896,9 @@ class _Feed:
                     self.exhausted = True
                     continue
                 self.epoch += 1
-                sampler = getattr(self.source, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(self.epoch)
+                set_epoch = getattr(getattr(self.source, "sampler", None), "set_epoch", None)
+                if callable(set_epoch):
+                    set_epoch(self.epoch)
                 continue
             self._yielded = True
             if self.batched:
@@ -870,6 +917,7 @@ def _make_dumper(config: RolloutConfig, tokenizer: Any, dumper: Any) -> Any:
         raise ValueError(f"RolloutConfig.dump_to_file: needs {', '.join(missing)} (set them, or turn dump_to_file off)")
     from ._dump import TrajectoryDumper
 
+    assert config.fileroot and config.experiment_name and config.trial_name  # checked above
     return TrajectoryDumper(config.fileroot, config.experiment_name, config.trial_name, tokenizer)
 
 
