@@ -1,9 +1,10 @@
 """Every block of README.md works as written (issue 11 item 16).
 
-Each ```python block is a complete program: it runs alone, in a fresh namespace, as a reader
-would paste it. Each ```bash block parses, and every program, script and path it names
-exists (or is made by an earlier README command, like `.venv`). The README's test command
-is the one CI runs.
+The ```python blocks of one section (a ``## `` heading and its subsections) run in order in
+one fresh namespace, as a reader would paste them into one session: the first block of a
+section is a complete program, a later one may use what the blocks before it defined. Each
+```bash block parses, and every program, script and path it names exists (or is made by an
+earlier README command, like `.venv`). The README's test command is the one CI runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Block:
     lang: str
     line: int  # 1-based line of the opening fence
     source: str
+    section: str = ""  # the ``## `` heading above it
 
     @property
     def name(self) -> str:
@@ -36,15 +38,17 @@ class Block:
 
 def code_blocks(text: str) -> list[Block]:
     """The fenced blocks of a Markdown text, indented ones (in list items) dedented."""
-    blocks, lines, i = [], text.splitlines(), 0
+    blocks, lines, i, section = [], text.splitlines(), 0, ""
     while i < len(lines):
+        if lines[i].startswith("## "):
+            section = lines[i][3:].strip()
         opening = _FENCE.match(lines[i])
         if opening is None:
             i += 1
             continue
         close = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
         body = textwrap.dedent("\n".join(lines[i + 1 : close]))
-        blocks.append(Block(opening["lang"], i + 1, body + "\n"))
+        blocks.append(Block(opening["lang"], i + 1, body + "\n", section))
         i = close + 1
     return blocks
 
@@ -54,19 +58,25 @@ PYTHON = [b for b in BLOCKS if b.lang == "python"]
 BASH = [b for b in BLOCKS if b.lang in ("bash", "sh", "shell")]
 
 
-def test_the_extractor_finds_indented_blocks_and_their_lines():
-    found = code_blocks("a\n\n```python\nx = 1\n```\n- item\n\n  ```bash\n  ls\n  ```\n")
-    assert found == [Block("python", 3, "x = 1\n"), Block("bash", 8, "ls\n")]
+def test_the_extractor_finds_indented_blocks_their_lines_and_sections():
+    found = code_blocks("a\n\n```python\nx = 1\n```\n## B\n- item\n\n  ```bash\n  ls\n  ```\n")
+    assert found == [Block("python", 3, "x = 1\n"), Block("bash", 9, "ls\n", "B")]
 
 
 def test_the_readme_has_blocks_to_check():
     assert len(PYTHON) >= 4 and len(BASH) >= 2
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=[b.name for b in PYTHON])
-def test_python_block_runs_alone(block, capsys):
-    code = compile(block.source, block.name, "exec")
-    exec(code, {"__name__": "__main__"})  # noqa: S102 - the README's own examples
+SECTIONS: dict[str, list[Block]] = {}
+for _block in PYTHON:
+    SECTIONS.setdefault(_block.section, []).append(_block)
+
+
+@pytest.mark.parametrize("section", list(SECTIONS), ids=[f"{b[0].name} {s}" for s, b in SECTIONS.items()])
+def test_python_blocks_of_a_section_run_in_one_fresh_session(section, capsys):
+    namespace = {"__name__": "__main__"}
+    for block in SECTIONS[section]:
+        exec(compile(block.source, block.name, "exec"), namespace)  # noqa: S102 - the README's own examples
 
 
 def _commands(script: str) -> list[list[str]]:
