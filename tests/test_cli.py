@@ -19,7 +19,16 @@ import pytest
 import trio
 
 from rollout_trio.cli import COMMANDS, main
-from rollout_trio.cli._common import CommandError, describe_exception, log_level, port, resolve_device
+from rollout_trio.cli._common import (
+    CommandError,
+    Parser,
+    describe_exception,
+    interruptible,
+    log_level,
+    port,
+    resolve_device,
+    run_command,
+)
 
 #: command -> long flag -> (argv that gives it a bad value, exit status, what stderr must say)
 BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
@@ -228,6 +237,47 @@ def test_exception_groups_are_summarized_in_one_line():
     assert "\n" not in text
     assert text == "2 failures; the first: ValueError: bad reward (rollout_trio: raised in slot 3 of a group of 8)"
     assert describe_exception(ExceptionGroup("one", [KeyError("k")])) == "KeyError: 'k'"
+
+
+def test_interruptible_turns_ctrl_c_into_a_cancelled_block_and_keeps_what_finished(capsys):
+    finished = []
+
+    async def main():
+        async with interruptible("stopping") as interrupt:
+            finished.append("first")
+            signal.raise_signal(signal.SIGINT)  # delivered to the block's watcher, not as KeyboardInterrupt
+            await trio.sleep_forever()  # cancelled by the interrupt
+        return interrupt.received
+
+    assert trio.run(main) is True
+    assert finished == ["first"] and capsys.readouterr().err == "stopping\n"
+
+
+def test_interruptible_without_ctrl_c_changes_nothing():
+    async def main():
+        async with interruptible() as interrupt:
+            await trio.sleep(0)
+        return interrupt.received
+
+    assert trio.run(main) is False
+
+
+def test_run_command_maps_ctrl_c_to_130_and_failures_to_one_line(capsys):
+    parser = Parser("prog", "a test command")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def failing(args):
+        raise ExceptionGroup("two", [ValueError("first\nline"), OSError("second")])
+
+    assert run_command("prog", parser, [], interrupted) == 130
+    assert capsys.readouterr().err == "prog: interrupted\n"
+    assert run_command("prog", parser, [], failing) == 1
+    assert capsys.readouterr().err == "prog: error: 2 failures; the first: ValueError: first line\n"
+    assert run_command("prog", parser, ["--debug"], failing) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("  + Exception Group Traceback") and err.endswith("the first: ValueError: first line\n")
 
 
 # ------------------------------------------------------------------ as a real process
