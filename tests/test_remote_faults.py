@@ -199,7 +199,7 @@ async def test_abort_then_resume_appends_partial_tokens_and_shrinks_budget() -> 
     for key in ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos"):
         assert key in sp
     assert first["return_logprob"] is True and first["rid"] != third["rid"]
-    assert server.paths("/update_weight_version")[0] == {"new_version": "3", "abort_all_requests": False}
+    assert server.paths("/update_weight_version") == []  # only update_weights relabels a server
 
 
 async def test_leftover_abort_is_reported_as_length() -> None:
@@ -249,7 +249,7 @@ async def test_unreachable_server_raises_connect_error() -> None:
 
 async def test_setup_waits_for_health_within_setup_timeout() -> None:
     with trio.fail_after(10):
-        with pytest.raises(EngineConnectError, match=r"setup_timeout=0.3 s from \['http://127.0.0.1:1'\]"):
+        with pytest.raises(EngineConnectError, match=r"setup_timeout=0.3 s from http://127.0.0.1:1 \(last error: .*ConnectError"):
             async with RemoteEngine("127.0.0.1:1", setup_timeout=0.3):
                 pass  # pragma: no cover
 
@@ -368,6 +368,8 @@ async def test_a_user_transport_carries_generation_with_timeouts_aborts_and_canc
         seen.append((request.url.path, json.loads(request.content) if request.content else None))
         if request.url.path == "/generate":
             await trio.sleep_forever()
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"weight_version": "default"})
         return httpx.Response(200)
 
     retry = RetryPolicy(attempts=2, backoff_base=0.01, backoff_max=0.01)
@@ -382,3 +384,33 @@ async def test_a_user_transport_carries_generation_with_timeouts_aborts_and_canc
     aborted = [body["rid"] for path, body in seen if path == "/abort_request"]
     assert len(sent) == 3 and aborted == sent
     assert [rid.rsplit("-", 1)[0] for rid in sent] == ["slow", "slow", "cancelled"]
+
+
+async def test_an_address_refusing_connections_fails_fast_naming_it(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It used to wait the whole setup_timeout (300 s) with no error and no log line."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    caplog.set_level("DEBUG", logger="rollout_trio.remote")
+    start = trio.current_time()
+    with pytest.raises(EngineConnectError, match=r"10\.1\.2\.3:4567.*connect_deadline=10 s.*Connection refused"):
+        async with RemoteEngine("10.1.2.3:4567", transport=httpx.MockTransport(refuse), seed=0):
+            pass
+    assert 10 <= trio.current_time() - start <= 11  # virtual seconds: the default deadline
+    probes = [r for r in caplog.records if "not healthy yet" in r.getMessage()]
+    assert probes[0].levelname == "WARNING" and "Connection refused" in probes[0].getMessage()
+    assert len(probes) > 2 and {r.levelname for r in probes[1:]} == {"DEBUG"}
+
+
+async def test_a_server_that_answers_but_is_not_healthy_gets_the_setup_timeout(autojump_clock: trio.abc.Clock) -> None:
+    def booting(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": "loading"}})
+
+    start = trio.current_time()
+    with pytest.raises(EngineConnectError, match=r"setup_timeout=30.0 s.*10\.1\.2\.3:4567.*HTTP 503: loading"):
+        async with RemoteEngine("10.1.2.3:4567", transport=httpx.MockTransport(booting), setup_timeout=30, seed=0):
+            pass
+    assert trio.current_time() - start >= 30

@@ -189,3 +189,30 @@ async def test_control_calls_reach_every_server_and_failures_are_grouped() -> No
             nursery.cancel_scope.cancel()
     assert a.paths("/continue_generation") == b.paths("/continue_generation") == [{}]
     assert a.paths("/pause_generation") == [{"mode": "abort"}]
+
+
+async def test_servers_that_disagree_on_their_version_are_an_error_naming_them() -> None:
+    from rollout_trio import VersionMismatchError
+
+    def reporting(label: str) -> Any:
+        async def script(method: str, path: str, body: Any) -> Reply:
+            if path == "/get_model_info":
+                return 200, {"weight_version": label}
+            return await default_reply(method, path, body)
+
+        return script
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            servers = [FakeServer(reporting(label)) for label in ("4", "4", "5")]
+            for s in servers:
+                await nursery.start(s.run)
+            with pytest.raises(VersionMismatchError, match="disagree") as info:
+                async with RemoteEngine([s.address for s in servers], setup_timeout=5, seed=0):
+                    pass
+            for s, label in zip(servers, ("4", "4", "5"), strict=True):
+                assert f"http://{s.address} at {label}" in str(info.value)
+            async with RemoteEngine([s.address for s in servers[:2]], setup_timeout=5, seed=0) as eng:
+                assert eng.get_version() == 4  # adopted where they agree
+            assert all(not s.paths("/update_weight_version") for s in servers)
+            nursery.cancel_scope.cancel()

@@ -161,10 +161,11 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
             after = await eng.agenerate(
                 ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=4, ignore_eos=True))
             )
-        async with engine(server.address, version=0) as eng0, httpx.AsyncClient() as other:  # tells the server "0"
+        async with engine(server.address, version=0) as eng1, httpx.AsyncClient() as other:
+            assert eng1.get_version() == 1  # adopted from the server, not told to it
             await other.post(server.url + "/update_weight_version", json={"new_version": "5"})  # someone else relabels
-            with pytest.raises(VersionMismatchError, match="version 5 for a segment pinned to version 0"):
-                await eng0.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
+            with pytest.raises(VersionMismatchError, match="version 5 for a segment pinned to version 1"):
+                await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
             await other.post(server.url + "/update_weight_version", json={"new_version": "0"})
     for resp in results:
         assert resp.output_len == 200 and resp.stop_reason == "length"
@@ -175,6 +176,32 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
     assert (await server.astats())["paused"] is None
     async with httpx.AsyncClient() as client:
         assert (await client.get(server.url + "/get_weight_version")).json()["weight_version"] == "0"
+
+
+async def test_a_second_client_adopts_the_servers_version_and_both_keep_generating(
+    server: ServeProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Several trainer processes share servers: B starting after A's update must not
+    relabel the server (it told it "0", and A's next request failed with a mismatch)."""
+    from rollout_trio.models import tiny_model
+
+    ckpt = tmp_path_factory.mktemp("ckpt-shared")
+    model, tok = tiny_model(seed=2)
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    g = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    with trio.fail_after(40):
+        async with engine(server.address) as a:
+            v = a.get_version() + 3
+            await a.update_weights(str(ckpt), v)
+            async with engine(server.address) as b:  # version=0 by default
+                assert b.get_version() == v
+                rb = await b.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+                ra = await a.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+            ra2 = await a.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g))
+    assert ra.output_versions == rb.output_versions == ra2.output_versions == (v,) * 4
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(server.url + "/get_weight_version")).json()["weight_version"] == str(v)
 
 
 async def test_bad_request_is_not_retried(server: ServeProcess) -> None:
@@ -190,6 +217,8 @@ async def test_bad_request_is_not_retried(server: ServeProcess) -> None:
 async def test_killed_server_fails_over_and_dead_one_raises_typed_error(server: ServeProcess) -> None:
     victim = ServeProcess(*SERVE_ARGS)
     try:
+        label = httpx.get(server.url + "/get_weight_version").json()["weight_version"]
+        httpx.post(victim.url + "/update_weight_version", json={"new_version": label})  # servers must agree
         g = GenerationConfig(max_new_tokens=400, ignore_eos=True)
         with trio.fail_after(40):
             async with engine(victim.address, server.address, health_interval=0.2) as eng:

@@ -298,10 +298,13 @@ class LocalEngine:
 
     async def resume(self) -> None:
         """Let held and interrupted requests continue."""
+        self._unpause()
+        await trio.lowlevel.checkpoint()
+
+    def _unpause(self) -> None:
         with self._cond:
             self._paused = False
             self._cond.notify_all()
-        await trio.lowlevel.checkpoint()
 
     async def update_weights(self, source: WeightsSource, version: int) -> None:
         """Pause at a step boundary, load ``source``, set ``version``, resume.
@@ -314,18 +317,22 @@ class LocalEngine:
         Raises:
             EngineError: the weights do not fit the model (version and weights unchanged
                 as far as loading allows; generation resumes).
+
+        Serialized by a lock, and cancellation-safe: cancelled anywhere (while waiting for
+        the step boundary included), the engine resumes unless it was paused before. The
+        load itself runs to its end in its thread, so weights and version stay paired.
         """
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version: must be an int, got {version!r}")
         async with self._update_lock:
             was_paused = self._paused
-            await self.pause()
             try:
+                await self.pause()
                 await trio.to_thread.run_sync(self._load_weights, source)
                 self.set_version(version)
             finally:
                 if not was_paused:
-                    await self.resume()
+                    self._unpause()  # no checkpoint: nothing can interrupt it
 
     def statistics(self) -> LocalEngineStatistics:
         """A snapshot of the engine's counters."""

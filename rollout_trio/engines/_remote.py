@@ -32,7 +32,7 @@ from .._errors import (
 from .._io import ModelRequest, ModelResponse
 from ._protocol import WeightsSource
 from ._remote_http import HttpSession, RetryPolicy, is_retriable, retrying
-from ._remote_wire import HttpCall, Segment
+from ._remote_wire import HttpCall, Segment, parse_version
 from ._routing import Router, Server, normalize_address
 from ._sglang import SGLangBackend
 from ._transport import TrioTransport
@@ -57,6 +57,10 @@ class RemoteEngine:
         request_timeout: seconds for one HTTP attempt (a generation segment included).
         control_timeout: seconds for one control call (pause, resume, abort, health).
         setup_timeout: seconds to wait at start for every server's ``/health``.
+        connect_deadline: seconds at start that a server may go on refusing connections
+            (or be unreachable) before :class:`EngineConnectError` names it and the last
+            error; a server that accepts connections but is not healthy yet gets
+            ``setup_timeout``. Raise it for servers that are still booting.
         retry: attempts and backoff for retriable failures.
         abort_grace: seconds a cancelled request may spend sending its abort.
         health_interval: seconds between health probes of every server.
@@ -69,7 +73,9 @@ class RemoteEngine:
             to only relabel the version.
         verify_versions: raise :class:`VersionMismatchError` when a server reports a
             weight version other than the one pinned for the segment.
-        version: the initial weight version (told to the servers at start).
+        version: the weight version to assume when no server can report one at start
+            (servers own their versions: at start the engine reads them and adopts the
+            one they agree on; only :meth:`update_weights` changes them).
         api_key: sent as ``Authorization: Bearer`` on every call (``rollout-trio serve
             --api-key``, SGLang ``--api-key``, vLLM ``--api-key``).
         transport: an httpx transport to use instead of the default (a test seam).
@@ -86,6 +92,7 @@ class RemoteEngine:
         request_timeout: float = 3600.0,
         control_timeout: float = 60.0,
         setup_timeout: float = 300.0,
+        connect_deadline: float = 10.0,
         retry: RetryPolicy | None = None,
         abort_grace: float = 5.0,
         health_interval: float = 5.0,
@@ -108,6 +115,7 @@ class RemoteEngine:
             ("request_timeout", request_timeout),
             ("control_timeout", control_timeout),
             ("setup_timeout", setup_timeout),
+            ("connect_deadline", connect_deadline),
             ("abort_grace", abort_grace),
             ("health_interval", health_interval),
         ):
@@ -122,15 +130,18 @@ class RemoteEngine:
         self._request_timeout = float(request_timeout)
         self._control_timeout = float(control_timeout)
         self._setup_timeout = float(setup_timeout)
+        self._connect_deadline = float(connect_deadline)
         self._retry = retry or RetryPolicy()
         self._abort_grace = float(abort_grace)
         self._health_interval = float(health_interval)
         self._max_empty_aborts = int(max_empty_aborts)
         self._verify = verify_versions
         self._version = int(version)
+        self._adopt_pending = False  # no server reported a version at start: take the first one seen
         self._transport = transport
         self._api_key = api_key
         self._paused = False
+        self._update_lock = trio.Lock()
         self._gate = trio.Event()
         self._gate.set()
         self._ids = itertools.count()
@@ -164,12 +175,14 @@ class RemoteEngine:
             self._http = HttpSession(client, transport, api_key=self._api_key)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._nursery.cancel_scope.cancel)
+            last: dict[Server, EngineError] = {}
             with trio.move_on_after(self._setup_timeout):
-                await self._wait_healthy()
-            down = [s.base_url for s in self._router.servers if not s.up]
+                await self._wait_healthy(last)
+            down = [s for s in self._router.servers if not s.up]
             if down:
                 raise EngineConnectError(
-                    f"RemoteEngine: no healthy answer within setup_timeout={self._setup_timeout} s from {down}"
+                    f"RemoteEngine: no healthy answer within setup_timeout={self._setup_timeout} s from "
+                    + "; ".join(f"{s.base_url} (last error: {last.get(s, 'none')})" for s in down)
                 )
             await self._setup_servers()
             self._nursery.start_soon(self._health_loop)
@@ -195,33 +208,74 @@ class RemoteEngine:
             raise RuntimeError("RemoteEngine: use it inside 'async with RemoteEngine(...)'")
         return self._http
 
-    async def _wait_healthy(self) -> None:
+    async def _wait_healthy(self, last: dict[Server, EngineError]) -> None:
+        """Probe until every server is healthy; a server refusing connections past
+        ``connect_deadline`` is an :class:`EngineConnectError` naming it."""
         for server in self._router.servers:
             server.up = False
         pending = set(self._router.servers)
+        refused_since: dict[Server, float] = {}
         while pending:
             for server in list(pending):
-                if await self._probe(server):
+                error = await self._probe(server)
+                if error is None:
                     self._router.mark_up(server)
                     pending.discard(server)
+                    continue
+                log.log(
+                    logging.WARNING if server not in last else logging.DEBUG,
+                    "%s is not healthy yet (still trying): %s",
+                    server.base_url,
+                    error,
+                )
+                last[server] = error
+                if not isinstance(error, EngineConnectError):
+                    refused_since.pop(server, None)
+                    continue
+                since = refused_since.setdefault(server, trio.current_time())
+                if trio.current_time() - since >= self._connect_deadline:
+                    raise EngineConnectError(
+                        f"RemoteEngine: cannot connect to {server.base_url} "
+                        f"(connect_deadline={self._connect_deadline:g} s): {error}"
+                    ) from error
             if pending:
                 await trio.sleep(0.2)
 
-    async def _probe(self, server: Server) -> bool:
+    async def _probe(self, server: Server) -> EngineError | None:
+        """One health check: None when healthy, else the error."""
         try:
             await self._session().call(
                 server.base_url, server.backend.health(), timeout=min(5.0, self._control_timeout), expect_json=False
             )
-        except EngineError:
-            return False
-        return True
+        except EngineError as exc:
+            return exc
+        return None
 
     async def _setup_servers(self) -> None:
+        reported: dict[str, int | None] = {}
         async with trio.open_nursery() as nursery:
             for server in self._router.servers:
-                nursery.start_soon(self._setup_server, server)
+                nursery.start_soon(self._setup_server, server, reported)
+        self._adopt_versions(reported)
 
-    async def _setup_server(self, server: Server) -> None:
+    def _adopt_versions(self, reported: dict[str, int | None]) -> None:
+        """Take the servers' version when they agree; a disagreement is an error naming them."""
+        known = {url: v for url, v in reported.items() if v is not None}
+        if len(set(known.values())) > 1:
+            listing = ", ".join(f"{url} at {v}" for url, v in sorted(known.items()))
+            raise VersionMismatchError(
+                f"RemoteEngine: the servers disagree on their weight version ({listing}); "
+                "update them to one checkpoint (update_weights) before starting"
+            )
+        if known:
+            version = next(iter(known.values()))
+            if version != self._version:
+                log.info("adopting weight version %d reported by %s", version, sorted(known))
+            self._version = version
+        else:
+            self._adopt_pending = self._verify  # take the version of the first reported tokens
+
+    async def _setup_server(self, server: Server, reported: dict[str, int | None]) -> None:
         if self.backend_name == "vllm" and self._vllm_api == "auto":
             server.backend = VLLMBackend(await self._probe_vllm_api(server))
         if isinstance(server.backend, VLLMBackend) and not server.backend.can_abort:
@@ -230,7 +284,7 @@ class RemoteEngine:
                 "vLLM /v1/completions has no abort endpoint: aborts close the connection "
                 "(start the server with --enable-scale-out for /inference/v1/* and real aborts)",
             )
-        await self._tell_version(server, self._version, at_start=True)
+        reported[server.base_url] = await self._read_version(server)
 
     async def _probe_vllm_api(self, server: Server) -> str:
         call = HttpCall(
@@ -251,19 +305,23 @@ class RemoteEngine:
             raise
         return "tito"
 
-    async def _tell_version(self, server: Server, version: int, *, at_start: bool) -> None:
-        call = HttpCall("POST", "/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+    async def _read_version(self, server: Server) -> int | None:
+        """The server's weight version, or None when it has no endpoint that reports one."""
         try:
-            await self._session().call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
+            body = await self._session().call(server.base_url, server.backend.version(), timeout=self._control_timeout)
         except EngineServerError as exc:
-            if at_start and exc.status_code in (403, 404, 405):
+            if exc.status_code in (403, 404, 405):
                 self._warn_once(
                     "no-version-endpoint",
-                    f"{server.base_url} has no /update_weight_version (HTTP {exc.status_code}); "
-                    "its reported versions are not synchronised at start",
+                    f"{server.base_url} does not report its weight version (HTTP {exc.status_code}); "
+                    "this engine takes the version of the first tokens it reports",
                 )
-                return
+                return None
             raise
+        value = body.get("weight_version") if isinstance(body, dict) else None
+        if value is None:
+            return None
+        return parse_version(value, f"{server.base_url}: weight_version")
 
     async def _health_loop(self) -> None:
         while True:
@@ -273,17 +331,20 @@ class RemoteEngine:
                     nursery.start_soon(self._health_check, server)
 
     async def _health_check(self, server: Server) -> None:
+        error: EngineError | None
         try:
-            ok = await self._probe(server)
+            error = await self._probe(server)
         except Exception:  # never let a probe bug take the engine down
             log.exception("health probe of %s failed", server.base_url)
-            ok = False
-        if ok and not server.up:
+            error = EngineError("the probe itself failed")
+        if error is None and not server.up:
             log.info("%s is healthy again", server.base_url)
             self._router.mark_up(server)
-        elif not ok and server.up:
-            log.warning("%s failed its health check; marked down", server.base_url)
+        elif error is not None and server.up:
+            log.warning("%s failed its health check; marked down: %s", server.base_url, error)
             self._router.mark_down(server)
+        elif error is not None:
+            log.debug("%s is still down: %s", server.base_url, error)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -325,9 +386,12 @@ class RemoteEngine:
     async def update_weights(self, source: WeightsSource, version: int) -> None:
         """Reload every server's weights from the checkpoint directory ``source``.
 
-        Pauses (unless already paused), sends the reload with ``str(version)`` as the
-        servers' weight version, sets this engine's version, and resumes (only if it
-        paused; on failure it stays paused and the error propagates).
+        Serialized (one update at a time). Pauses (unless already paused), sends the reload
+        with ``str(version)`` as the servers' weight version, sets this engine's version,
+        and resumes if it paused. The resume runs whatever happened, cancellation
+        included (shielded, within ``control_timeout``); a server it cannot resume is
+        named in the error (or, when another exception is already propagating, in a note
+        on it and the log).
         """
         if isinstance(source, Mapping):
             raise UnsupportedRequestError(
@@ -335,19 +399,57 @@ class RemoteEngine:
                 "not a state dict"
             )
         path = fspath(source) if isinstance(source, PathLike) else str(source)
-        was_paused = self._paused
-        if not was_paused:
-            await self.pause()
-        await self._fan_out(lambda s: self._update_calls(s, path, int(version)))
-        self.set_version(int(version))
-        if not was_paused:
-            await self.resume()
+        async with self._update_lock:
+            was_paused = self._paused
+            failed: BaseException | None = None
+            try:
+                if not was_paused:
+                    await self.pause()
+                await self._fan_out(lambda s: self._update_calls(s, path, int(version)))
+                self.set_version(int(version))
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                if not was_paused:
+                    await self._resume_after_update(failed)
+
+    async def _resume_after_update(self, failed: BaseException | None) -> None:
+        """Resume every server and this engine, even when cancelled; name the servers left paused."""
+        left: dict[str, BaseException] = {}
+        with trio.CancelScope(shield=True):
+            session = self._session()
+
+            async def one(server: Server) -> None:
+                try:
+                    with trio.fail_after(self._control_timeout):
+                        for call in server.backend.resume():
+                            await session.call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
+                except (EngineError, trio.TooSlowError) as exc:
+                    left[server.base_url] = exc
+
+            async with trio.open_nursery() as nursery:
+                for server in self._router.servers:
+                    nursery.start_soon(one, server)
+        self._paused = False
+        self._gate.set()
+        if not left:
+            return
+        message = "RemoteEngine.update_weights: could not resume " + ", ".join(
+            f"{url} ({type(exc).__name__}: {exc})" for url, exc in sorted(left.items())
+        ) + "; those servers are left paused (call resume() to retry)"
+        if failed is not None:
+            log.error("%s", message)
+            failed.add_note(message)
+            return
+        raise EngineServerError(message, status_code=0)
 
     async def update_weights_from_disk(self, path: str | PathLike[str], version: int) -> None:
         """The same as :meth:`update_weights` with a path."""
         await self.update_weights(path, version)
 
     def _update_calls(self, server: Server, path: str, version: int) -> list[HttpCall]:
+        """The calls that reload ``server`` and label it ``version``."""
         if isinstance(server.backend, VLLMBackend):
             return server.backend.update_from_disk(path, version, self._vllm_reload_path)
         return server.backend.update_from_disk(path, version)
@@ -362,7 +464,18 @@ class RemoteEngine:
                 async def attempt(_k: int, call: HttpCall = call) -> Any:
                     return await session.call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
 
-                await retrying(attempt, policy=self._retry, rng=self._rng)
+                try:
+                    await retrying(attempt, policy=self._retry, rng=self._rng)
+                except EngineServerError as exc:
+                    if exc.status_code == 404 and call.path == self._vllm_reload_path:
+                        raise EngineServerError(
+                            f"{exc}. {server.base_url} has no {call.path} endpoint: a stock vLLM server cannot "
+                            "reload weights over HTTP; pass RemoteEngine(vllm_reload_path=None) to only relabel "
+                            "its version (and load the weights some other way)",
+                            status_code=404,
+                            body=exc.body,
+                        ) from exc
+                    raise
 
         async with trio.open_nursery() as nursery:
             for server in self._router.servers:
@@ -447,6 +560,10 @@ class RemoteEngine:
         )
 
     def _versions_for(self, seg: Segment, pinned: int) -> list[int]:
+        if self._adopt_pending and seg.tokens and (seg.versions or seg.server_version is not None):
+            self._adopt_pending = False
+            pinned = self._version = seg.versions[0] if seg.versions else int(seg.server_version or 0)
+            log.info("adopting weight version %d from the first reported tokens", pinned)
         if seg.versions is not None:
             if self._verify:
                 bad = sorted({v for v in seg.versions if v != pinned})

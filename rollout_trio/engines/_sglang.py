@@ -127,3 +127,7 @@ class SGLangBackend:
     def health(self) -> HttpCall:
         """The health check."""
         return HttpCall("GET", "/health")
+
+    def version(self) -> HttpCall:
+        """Reads the server's weight version (``weight_version`` in ``/get_model_info``)."""
+        return HttpCall("GET", "/get_model_info")

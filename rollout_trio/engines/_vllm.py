@@ -165,6 +165,10 @@ class VLLMBackend:
         """The health check."""
         return HttpCall("GET", "/health")
 
+    def version(self) -> HttpCall:
+        """Reads the server's weight version (``/weight_info``, with ``VLLM_SERVER_DEV_MODE=1``)."""
+        return HttpCall("GET", "/weight_info")
+
 
 def _stop(value: Any, where: str) -> SegmentStop:
     if value == "error":
