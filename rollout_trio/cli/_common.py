@@ -36,7 +36,6 @@ __all__ = [
     "UsageError",
     "describe_exception",
     "device",
-    "finite_float",
     "import_name",
     "interruptible",
     "load_model_and_tokenizer",
@@ -126,7 +125,6 @@ positive_float = _type("positive_float", float, lambda v: math.isfinite(v) and v
 non_negative_float = _type(
     "non_negative_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"
 )
-finite_float = _type("finite_float", float, math.isfinite, "a finite number")
 port = _type("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535 (0 picks a free one)")
 log_level = _type(
     "log_level", lambda s: s.upper() if s.upper() in LOG_LEVELS else None, bool, f"one of {', '.join(LOG_LEVELS)}"
