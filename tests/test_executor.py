@@ -653,3 +653,47 @@ async def test_a_source_that_outruns_the_trainer_waits(autojump_clock: trio.test
         assert pulled <= 2 + ex.staleness.get_pending_limit()
         s = ex.statistics()
         assert s.buffered + s.running + s.queued + s.accepted == pulled
+
+
+async def test_data_loader_style_source_batches_and_epochs() -> None:
+    """A source with ``batch_size`` yields batches; its sampler hears each new epoch."""
+
+    class Sampler:
+        def __init__(self) -> None:
+            self.epochs: list[int] = []
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+    class Loader:
+        batch_size = 2
+
+        def __init__(self) -> None:
+            self.sampler = Sampler()
+
+        def __iter__(self) -> Any:
+            return iter([[{}, {}], [{}, {}]])
+
+    loader = Loader()
+    async with ScriptedEngine() as engine, open_executor(engine, consumer_batch_size=2) as ex:
+        for step in range(4):
+            assert len(await ex.prepare_batch(loader, gen_workflow)) == 2
+            ex.set_version(step + 1)
+    assert loader.sampler.epochs[:1] == [1]
+
+
+async def test_oldest_buffered_version(autojump_clock: trio.testing.MockClock) -> None:
+    async with ScriptedEngine() as engine, ex_of(engine, max_concurrent_rollouts=4) as ex:
+        for _ in range(2):
+            ex.submit({}, gen_workflow)
+        while ex.statistics().buffered < 2:
+            await trio.sleep(1)
+        ex.set_version(1)
+        ex.submit({}, gen_workflow)
+        while ex.statistics().buffered < 3:
+            await trio.sleep(1)
+        assert ex.statistics().oldest_buffered_version == 0
+        await ex.wait(2)
+        assert ex.statistics().oldest_buffered_version == 1
+        await ex.wait(1)
+        assert ex.statistics().oldest_buffered_version is None

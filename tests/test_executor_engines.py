@@ -41,11 +41,14 @@ async def test_local_engine_groups_pause_and_exit() -> None:
                 assert len(batch) == 3 and all(t.batch_size == 2 for t in batch)
                 assert ex.group_statistics()["rollout/target_slot_count"] == 2.0
                 # In-flight generations survive a pause and finish after resume.
+                before = set(engine.statistics().steps_per_rid)
                 tids = [ex.submit({}, long_generation) for _ in range(2)]
-                while len(engine.statistics().live_rids) < 2:
-                    await trio.sleep(0.01)
+                while sum(n > 0 for r, n in engine.statistics().steps_per_rid.items() if r not in before) < 2:
+                    await trio.sleep(0.01)  # both are decoding
+                interrupts = engine.statistics().interrupts
                 await ex.pause()
                 assert engine.statistics().paused
+                assert engine.statistics().interrupts > interrupts  # in-flight rows were interrupted
                 await ex.resume()
                 for tid in tids:
                     traj = await ex.wait_for_task(tid)

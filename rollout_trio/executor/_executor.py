@@ -11,7 +11,10 @@ time, and each move between places happens without a checkpoint):
 
 So ``submitted == accepted + rejected + failed + cancelled + queued + running + buffered``
 always (:meth:`RolloutExecutor.statistics`). Buffered trajectories never exceed
-``queue_size``: a task starts only while ``running + buffered < queue_size``.
+``queue_size``: a task starts only while ``running + buffered < queue_size``. (The one
+exception: a ``rollout_batch`` / ``prepare_batch`` call abandoned part-way returns the
+trajectories it had taken to the buffer rather than lose them; no task starts until the
+buffer is back under the bound.)
 """
 
 from __future__ import annotations
