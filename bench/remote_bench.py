@@ -56,6 +56,10 @@ def serve(port_file: str) -> None:
 
     ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY
     empty = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+    info_body = b'{"weight_version":"default"}'
+    info = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(
+        info_body
+    ) + info_body  # what RemoteEngine reads its version from at start
 
     class Proto(asyncio.Protocol):
         def connection_made(self, transport):  # type: ignore[no-untyped-def]
@@ -77,7 +81,10 @@ def serve(port_file: str) -> None:
                 if len(self.buf) < end + 4 + length:
                     return
                 self.buf = self.buf[end + 4 + length :]
-                self.t.write(ok if head.startswith("POST /generate") else empty)
+                if head.startswith("POST /generate"):
+                    self.t.write(ok)
+                else:
+                    self.t.write(info if head.startswith("GET /get_model_info") else empty)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

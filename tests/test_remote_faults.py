@@ -33,6 +33,30 @@ def engine(*servers: FakeServer, **kw: Any) -> RemoteEngine:
     return RemoteEngine([s.address for s in servers], "sglang", **kw)
 
 
+class MockServer:
+    """A scripted server in memory (httpx.MockTransport): no sockets, so the tests that
+    reason about time run on autojump_clock and see the same interleaving every time."""
+
+    address = "10.0.0.9:30000"
+
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.log: list[tuple[str, Any]] = []
+
+    def paths(self, path: str) -> list[Any]:
+        return [b for p, b in self.log if p == path]
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.log.append((request.url.path, body))
+        status, obj = await self.script(request.method, request.url.path, body)
+        return httpx.Response(status, content=obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+
+    def engine(self, **kw: Any) -> RemoteEngine:
+        kw.setdefault("transport", httpx.MockTransport(self))
+        return engine(self, **kw)  # type: ignore[arg-type]
+
+
 async def start(nursery: trio.Nursery, script: Any) -> FakeServer:
     server = FakeServer(script)
     await nursery.start(server.run)
@@ -132,39 +156,33 @@ async def test_malformed_answers_raise_protocol_error(bad: Reply, rule: str) -> 
     assert len(server.paths("/generate")) == 1
 
 
-async def test_slow_server_times_out_and_every_attempt_is_aborted() -> None:
+async def test_slow_server_times_out_and_every_attempt_is_aborted(autojump_clock: trio.abc.Clock) -> None:
     async def script(method: str, path: str, body: Any) -> Reply:
         if path == "/generate":
             await trio.sleep(30)
         return await default_reply(method, path, body)
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start(nursery, script)
-            async with engine(server, request_timeout=0.2) as eng:
-                t0 = trio.current_time()
-                with pytest.raises(EngineTimeoutError):
-                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G, rid="slow"))
-                assert trio.current_time() - t0 < 3
-            nursery.cancel_scope.cancel()
+    server = MockServer(script)
+    async with server.engine(request_timeout=0.2) as eng:
+        t0 = trio.current_time()
+        with pytest.raises(EngineTimeoutError):
+            await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G, rid="slow"))
+        assert trio.current_time() - t0 < 3  # virtual seconds: 3 attempts of 0.2 s plus backoff
     sent = [g["rid"] for g in server.paths("/generate")]
     aborted = [a["rid"] for a in server.paths("/abort_request")]
     assert len(sent) == 3 and sorted(sent) == sorted(aborted)
 
 
-async def test_caller_deadline_bounds_retries() -> None:
+async def test_caller_deadline_bounds_retries(autojump_clock: trio.abc.Clock) -> None:
     """No retry starts when the caller's deadline would pass before it could finish."""
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start(nursery, flaky(*[(503, b"")] * 100))
-            retry = RetryPolicy(attempts=50, backoff_base=0.2, backoff_max=0.2)
-            async with engine(server, retry=retry, seed=1) as eng:
-                t0 = trio.current_time()
-                with trio.move_on_after(0.5):
-                    with pytest.raises(EngineServerError) as info:
-                        await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
-                assert trio.current_time() - t0 < 0.6
-            nursery.cancel_scope.cancel()
+    server = MockServer(flaky(*[(503, b"")] * 100))
+    retry = RetryPolicy(attempts=50, backoff_base=0.2, backoff_max=0.2)
+    async with server.engine(retry=retry, seed=1) as eng:
+        t0 = trio.current_time()
+        with trio.move_on_after(0.5):
+            with pytest.raises(EngineServerError) as info:
+                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
+        assert trio.current_time() - t0 < 0.5  # gave up before the deadline (virtual time)
     assert "deadline" in " ".join(info.value.__notes__)
     assert len(server.paths("/generate")) < 10
 
@@ -212,22 +230,19 @@ async def test_leftover_abort_is_reported_as_length() -> None:
     assert resp.stop_reason == "length" and resp.output_len == 4
 
 
-async def test_consecutive_empty_aborts_back_off_and_are_capped() -> None:
+async def test_consecutive_empty_aborts_back_off_and_are_capped(autojump_clock: trio.abc.Clock) -> None:
     async def script(method: str, path: str, body: Any) -> Reply:
         if path == "/generate":
             return 200, sglang_body([], "abort", message="Abort before prefill due to engine pause")
         return await default_reply(method, path, body)
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start(nursery, script)
-            retry = RetryPolicy(attempts=2, backoff_base=0.01, backoff_max=0.02)
-            async with engine(server, max_empty_aborts=5, retry=retry) as eng:
-                t0 = trio.current_time()
-                with pytest.raises(EngineServerError, match="6 consecutive segments aborted with no output"):
-                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
-                elapsed = trio.current_time() - t0
-            nursery.cancel_scope.cancel()
+    server = MockServer(script)
+    retry = RetryPolicy(attempts=2, backoff_base=0.01, backoff_max=0.02)
+    async with server.engine(max_empty_aborts=5, retry=retry) as eng:
+        t0 = trio.current_time()
+        with pytest.raises(EngineServerError, match="6 consecutive segments aborted with no output"):
+            await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
+        elapsed = trio.current_time() - t0
     assert len(server.paths("/generate")) == 6
     assert elapsed > 0.01  # it slept between them
 
@@ -271,31 +286,29 @@ async def test_request_settings_refused_up_front() -> None:
     assert server.paths("/generate") == []
 
 
-async def test_pause_holds_segments_until_resume() -> None:
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start(nursery, flaky())
-            async with engine(server, verify_versions=False) as eng:  # the fake always says "default"
-                await eng.pause()
-                assert server.paths("/pause_generation") == [{"mode": "abort"}]
-                done = trio.Event()
+async def test_pause_holds_segments_until_resume(autojump_clock: trio.abc.Clock) -> None:
+    server = MockServer(flaky())
+    # verify_versions=False: the fake always says "default"
+    async with trio.open_nursery() as nursery, server.engine(verify_versions=False) as eng:
+        await eng.pause()
+        assert server.paths("/pause_generation") == [{"mode": "abort"}]
+        done = trio.Event()
 
-                async def gen() -> None:
-                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
-                    done.set()
+        async def gen() -> None:
+            await eng.agenerate(ModelRequest(input_ids=[1], gconfig=G))
+            done.set()
 
-                nursery.start_soon(gen)
-                await trio.sleep(0.2)
-                assert not done.is_set() and server.paths("/generate") == []
-                eng.set_version(4)
-                await eng.resume()
-                await done.wait()
-                assert server.paths("/continue_generation") == [{}]
-                await eng.update_weights("/ckpt/v5", 5)
-                assert eng.get_version() == 5 and not eng.paused
-                upd = server.paths("/update_weights_from_disk")
-                assert upd == [{"model_path": "/ckpt/v5", "abort_all_requests": True, "weight_version": "5"}]
-            nursery.cancel_scope.cancel()
+        nursery.start_soon(gen)
+        await trio.sleep(60)  # virtual: everything that could run has run
+        assert not done.is_set() and server.paths("/generate") == []
+        eng.set_version(4)
+        await eng.resume()
+        await done.wait()
+        assert server.paths("/continue_generation") == [{}]
+        await eng.update_weights("/ckpt/v5", 5)
+        assert eng.get_version() == 5 and not eng.paused
+        upd = server.paths("/update_weights_from_disk")
+        assert upd == [{"model_path": "/ckpt/v5", "abort_all_requests": True, "weight_version": "5"}]
     order = [p for p, _ in server.log if p != "/health"]
     assert order[-3:] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
 
@@ -319,38 +332,38 @@ async def test_engine_outside_async_with_refuses() -> None:
         await eng.agenerate(ModelRequest(input_ids=[1]))
 
 
-async def test_retry_after_a_pause_waits_and_repins_the_version() -> None:
+async def test_retry_after_a_pause_waits_and_repins_the_version(autojump_clock: trio.abc.Clock) -> None:
     first = trio.Event()
+    refused = trio.Event()
 
     async def script(method: str, path: str, body: Any) -> Reply:
         if path == "/generate":
             if not first.is_set():
                 first.set()
                 await trio.sleep(0.2)
+                refused.set()
                 return 503, b""
             return 200, sglang_body([5, 6], "length", version="2")
         return await default_reply(method, path, body)
 
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server = await start(nursery, script)
-            async with engine(server) as eng:
-                result = []
+    server = MockServer(script)
+    async with server.engine() as eng:
+        result = []
 
-                async def gen() -> None:
-                    result.append(
-                        await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
-                    )
+        async def gen() -> None:
+            result.append(
+                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
+            )
 
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(gen)
-                    await first.wait()
-                    await eng.pause()  # while the first attempt is failing
-                    await trio.sleep(0.4)
-                    assert len(server.paths("/generate")) == 1  # the retry waits for resume
-                    eng.set_version(2)
-                    await eng.resume()
-            nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as inner:
+            inner.start_soon(gen)
+            await first.wait()
+            await eng.pause()  # while the first attempt is failing
+            await refused.wait()
+            await trio.sleep(60)  # virtual: a retry that did not wait would have gone out
+            assert len(server.paths("/generate")) == 1  # the retry waits for resume
+            eng.set_version(2)
+            await eng.resume()
     assert result[0].output_versions == (2, 2)
     order = [p for p, _ in server.log if p in ("/generate", "/continue_generation")]
     assert order == ["/generate", "/continue_generation", "/generate"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from rollout_trio import GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
@@ -113,7 +114,7 @@ async def test_failed_server_is_marked_down_traffic_moves_and_it_comes_back() ->
                     await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
                 assert hits == {"a": 2, "b": 2}
                 scope_a.cancel()  # server a goes away
-                await trio.sleep(0.05)
+                await trio.testing.wait_all_tasks_blocked()  # its tasks have run their cancellation
                 for i in range(4, 10):
                     await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g, rid=f"r{i}"))
                 assert hits["b"] == 8 and hits["a"] == 2

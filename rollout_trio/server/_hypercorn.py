@@ -96,7 +96,7 @@ async def serve_app(
     Cancelling the caller's scope stops everything at once.
     """
     config = hypercorn_config(limits, graceful_timeout=graceful_timeout)
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]  # Starlette's ASGI types
     context = WorkerContext(None)
     slots = trio.Semaphore(limits.max_connections)
     listeners = await trio.open_tcp_listeners(port, host=host)

@@ -33,7 +33,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-_rules = {a.name: a.validator for a in attrs.fields(GenerationConfig)}
+_rules: dict[str, Any] = {a.name: a.validator for a in attrs.fields(GenerationConfig)}
 
 
 class BadRequest(Exception):
