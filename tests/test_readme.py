@@ -3,8 +3,8 @@
 The ```python blocks of one section (a ``## `` heading and its subsections) run in order in
 one fresh namespace, as a reader would paste them into one session: the first block of a
 section is a complete program, a later one may use what the blocks before it defined. Each
-```bash block parses, and every program, script and path it names exists (or is made by an
-earlier README command, like `.venv`). The README's test command is the one CI runs.
+```bash block parses, and every program, script and repository path it names exists (or is
+made by an earlier README command, like `.venv`). The README's test command is the one CI runs.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def test_bash_block_parses_and_names_what_exists(block):
         else:
             assert shutil.which(program) is not None, f"{block.name}: no program {program!r}"
         for arg in argv[1:]:
-            if arg.startswith("-") or "://" in arg or not (arg.endswith(".py") or "/" in arg):
-                continue
+            if arg.startswith(("-", "/", "$")) or "://" in arg or not (arg.endswith(".py") or "/" in arg):
+                continue  # options, URLs, and absolute paths (the reader's own, like /ckpt/base)
             assert (ROOT / arg).exists() or _made_by_the_readme(arg, everything), f"{block.name}: {arg} is missing"
 
 
