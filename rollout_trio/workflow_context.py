@@ -19,6 +19,8 @@ Shared resources are owned by an ``async with`` block, never by a global::
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any, TypeVar
@@ -37,10 +39,12 @@ __all__ = [
     "get",
     "http_client",
     "open_http_client",
+    "request_seed",
     "set",
     "stat_scope",
     "stats_recorder",
     "use",
+    "use_seed",
     "use_stats_recorder",
 ]
 
@@ -55,6 +59,9 @@ class WorkflowContext:
         sample_idx: the slot index inside a group (None outside a group).
         group_size: the number of slots of the group (1 outside a group).
         processor_cache: the memo the slots of one group share.
+
+    Each context counts the requests made under it (for :func:`request_seed`); a copy made
+    with :meth:`evolve` starts its own count.
     """
 
     is_eval: bool = False
@@ -62,6 +69,7 @@ class WorkflowContext:
     sample_idx: int | None = None
     group_size: int = 1
     processor_cache: ProcessorCache | None = None
+    _requests: itertools.count[int] = attrs.field(init=False, factory=itertools.count, eq=False, repr=False)
 
     def evolve(self, **changes: Any) -> WorkflowContext:
         """A copy with ``changes``."""
@@ -73,6 +81,7 @@ _DEFAULT = WorkflowContext()
 _context: contextvars.ContextVar[WorkflowContext] = contextvars.ContextVar("rollout_trio.workflow_context")
 _http: contextvars.ContextVar[httpx.AsyncClient] = contextvars.ContextVar("rollout_trio.http_client")
 _stats: contextvars.ContextVar[StatsRecorder] = contextvars.ContextVar("rollout_trio.stats")
+_seed: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_trio.seed", default=None)
 _process_stats = StatsRecorder()
 
 
@@ -114,6 +123,32 @@ def stats_recorder() -> StatsRecorder:
 def use_stats_recorder(recorder: StatsRecorder) -> AbstractContextManager[StatsRecorder]:
     """Send statistics recorded inside the ``with`` block (and its tasks) to ``recorder``."""
     return _bound(_stats, recorder)
+
+
+def use_seed(seed: int | None) -> AbstractContextManager[int | None]:
+    """Make sampling inside the ``with`` block (and its tasks) follow ``seed``.
+
+    Engines that honour :func:`request_seed` (``LocalEngine``) then seed each request that
+    has no ``gconfig.seed`` of its own from ``(seed, task_id, sample_idx, n)``, where ``n``
+    counts the requests of that slot: a run gives the same samples whatever order its tasks
+    are scheduled in. None turns it off.
+    """
+    return _bound(_seed, seed)
+
+
+def request_seed() -> int | None:
+    """The seed for the current task's next engine request, or None outside :func:`use_seed`.
+
+    Derived from the block's seed, the context's ``task_id`` and ``sample_idx``, and how
+    many requests this context made before; each call counts as one request. Requests made
+    concurrently under one context get their numbers in the order they are made.
+    """
+    base = _seed.get()
+    if base is None:
+        return None
+    ctx = get()
+    key = f"{base}/{ctx.task_id}/{ctx.sample_idx}/{next(ctx._requests)}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1  # fits torch's int64 seed
 
 
 @asynccontextmanager

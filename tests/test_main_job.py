@@ -79,5 +79,5 @@ def test_run_command_prints_rewards_and_group_statistics():
 
 def test_run_command_rejects_bad_arguments():
     proc = run_cli("run", "--group-size", "0")
-    assert proc.returncode == 2 and "--group-size must be >= 1" in proc.stderr
+    assert proc.returncode == 2 and "--group-size: must be an integer >= 1" in proc.stderr
     assert run_cli("nope").returncode == 2

@@ -248,11 +248,9 @@ async def test_killed_server_fails_over_and_dead_one_raises_typed_error(server: 
 def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
     from rollout_trio.cli import main
 
-    assert main([]) == 2 and "usage: rollout-trio" in capsys.readouterr().out
+    assert main([]) == 2 and "a command is required" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2 and "unknown command" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        main(["serve", "--help"])
-    assert info.value.code == 0 and "--port-file" in capsys.readouterr().out
+    assert main(["serve", "--help"]) == 0 and "--port-file" in capsys.readouterr().out
 
 
 def test_serve_reports_a_taken_port(server: ServeProcess) -> None:

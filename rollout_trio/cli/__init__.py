@@ -2,35 +2,64 @@
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import sys
+from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "main"]
 
-_USAGE = "usage: rollout-trio {run,serve,inspect,replay} [options]   (rollout-trio COMMAND --help for details)"
+#: command -> (module, entry point ``f(argv) -> int``, one-line description)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("._run", "run_main", "grouped rollouts of toy arithmetic on the embedded engine; prints rewards and statistics"),
+    "serve": ("._serve", "serve_main", "serve an embedded engine over SGLang's HTTP protocol"),
+    "inspect": ("._inspect", "inspect_main", "summarize a trajectory dump (terminal, or one HTML page)"),
+    "replay": ("._replay", "replay_main", "re-run dumped episodes on their recorded answers (no model); report rows that differ"),
+}
+
+_PROG = "rollout-trio"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Dispatch a subcommand; returns the exit status."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(_USAGE)
-        return 0 if args else 2
-    command, rest = args[0], args[1:]
-    if command == "run":
-        from ._run import run_main
+def _help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        f"usage: {_PROG} [--help] [--version] COMMAND [options]",
+        "",
+        "Training-trajectory generation for LLM reinforcement learning, on Trio.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, (_, _, text) in COMMANDS.items()),
+        "",
+        f"'{_PROG} COMMAND --help' describes a command's options.",
+    ]
+    return "\n".join(lines)
 
-        return run_main(rest)
-    if command == "serve":
-        from ._serve import serve_main
 
-        return serve_main(rest)
-    if command == "inspect":
-        from ._inspect import inspect_main
-
-        return inspect_main(rest)
-    if command == "replay":
-        from ._replay import replay_main
-
-        return replay_main(rest)
-    print(f"rollout-trio: unknown command {command!r}\n{_USAGE}", file=sys.stderr)
+def _usage_error(message: str) -> int:
+    print(f"{_PROG}: error: {message} (see {_PROG} --help)", file=sys.stderr)
     return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch a command; returns the exit status (2 for a usage error, 1 for a failure)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        return _usage_error(f"a command is required: {', '.join(COMMANDS)}")
+    first, rest = args[0], args[1:]
+    if first in ("-h", "--help"):
+        print(_help())
+        return 0
+    if first == "--version":
+        from .. import __version__
+
+        print(f"{_PROG} {__version__}")
+        return 0
+    if first.startswith("-"):
+        return _usage_error(f"unknown option {first!r} before the command")
+    if first not in COMMANDS:
+        close = difflib.get_close_matches(first, COMMANDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; the commands are {', '.join(COMMANDS)}"
+        return _usage_error(f"unknown command {first!r}{hint}")
+    module, function, _ = COMMANDS[first]
+    entry = getattr(importlib.import_module(module, __name__), function)
+    return int(entry(rest))

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from ..executor import DumpRecord
+from ._common import CommandError, Parser, load_tokenizer, positive_int, run_command
 from ..executor._dump import iter_dump
 
 __all__ = ["DumpSummary", "VersionSummary", "histogram", "inspect_main", "summarize"]
@@ -177,62 +176,51 @@ def format_summary(summary: DumpSummary, records: Sequence[DumpRecord], source: 
     return "\n".join(out)
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line and exit 2, not argparse's usage block
-        raise _UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(
-        prog="rollout-trio inspect",
-        description="Summarize a trajectory dump: rows per version, reward statistics, lengths, rejections.",
+def _parser() -> Parser:
+    p = Parser(
+        "rollout-trio inspect",
+        "Summarize a trajectory dump: rows per version, reward statistics, lengths, rejections.",
     )
     p.add_argument("dump_dir", metavar="DUMP_DIR", help="a dump directory (any level of the layout) or one .jsonl file")
-    p.add_argument("--html", metavar="OUT.html", help="also write one self-contained HTML page with the figures and samples")
-    p.add_argument("--samples", type=int, default=60, help="rows shown in the page's sample table; default 60")
-    p.add_argument("--bins", type=int, default=None, help="histogram bins (default: one per value for rewards on a grid, else 10)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer directory to show completions token by token")
+    p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write one self-contained HTML page with the figures and samples (default: none)",
+    )
+    p.add_argument("--samples", type=positive_int, default=60, help="rows shown in the page's sample table")
+    p.add_argument(
+        "--bins",
+        type=positive_int,
+        default=None,
+        help="histogram bins (default: one per value for rewards on a grid, else 10)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="a local tokenizer directory to show completions token by token (default: none)",
+    )
     return p
 
 
-def _load_tokenizer(path: str | None) -> Any:
-    if path is None:
-        return None
-    from transformers import AutoTokenizer
+def _inspect(args: argparse.Namespace) -> int:
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
+    # Statistics from light records (no tokens or texts), so a big dump fits in memory;
+    # only the rows the page shows are read in full, in a second pass.
+    records = list(iter_dump(args.dump_dir, light=True))
+    if not records:
+        raise CommandError(f"{args.dump_dir}: no dump records there")
+    summary = summarize(records, bins=args.bins)
+    print(format_summary(summary, records, args.dump_dir))
+    if args.html:
+        from ._inspect_html import pick_samples, render_page
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def inspect_main(argv: list[str]) -> int:
-    """Entry point of ``rollout-trio inspect``."""
-    try:
-        args = _parser().parse_args(argv)
-        for name in ("samples", "bins"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise _UsageError(f"--{name} must be >= 1")
-    except _UsageError as exc:
-        print(f"rollout-trio inspect: {exc}", file=sys.stderr)
-        return 2
-    try:
-        # Statistics from light records (no tokens or texts), so a big dump fits in memory;
-        # only the rows the page shows are read in full, in a second pass.
-        records = list(iter_dump(args.dump_dir, light=True))
-        if not records:
-            raise ValueError(f"no dump records under {args.dump_dir}")
-        summary = summarize(records, bins=args.bins)
-        print(format_summary(summary, records, args.dump_dir))
-        if args.html:
-            from ._inspect_html import pick_samples, render_page
-
-            shown = list(iter_dump(args.dump_dir, only=set(pick_samples(records, args.samples))))
-            page = render_page(records, summary, shown, source=args.dump_dir, tokenizer=_load_tokenizer(args.tokenizer))
-            Path(args.html).write_text(page, encoding="utf-8")
-            print(f"wrote {args.html}")
-    except (OSError, ValueError) as exc:
-        print(f"rollout-trio inspect: {exc}", file=sys.stderr)
-        return 1
+        shown = list(iter_dump(args.dump_dir, only=set(pick_samples(records, args.samples))))
+        page = render_page(records, summary, shown, source=args.dump_dir, tokenizer=tokenizer)
+        Path(args.html).write_text(page, encoding="utf-8")
+        print(f"wrote {args.html}")
     return 0
+
+
+def inspect_main(argv: Sequence[str]) -> int:
+    """Entry point of ``rollout-trio inspect``; returns the exit status."""
+    return run_command("rollout-trio inspect", _parser(), argv, _inspect)

@@ -15,7 +15,6 @@ import importlib
 import inspect
 import json
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from .._workflow import RolloutWorkflow, resolve_workflow
 from ..engines import ReplayEngine, ReplayMismatchError
 from ..executor import DumpRecord
 from ..executor._dump import iter_dump
+from ._common import Parser, import_name, load_tokenizer, non_negative_int, positive_int, run_command
 
 __all__ = ["compare_row", "load_workflow", "replay_main", "replay_task"]
 
@@ -195,28 +195,38 @@ def load_data(path: str | None, task_ids: Sequence[int], seed: int) -> Callable[
     return item
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line and exit 2, not argparse's usage block
-        raise _UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(
-        prog="rollout-trio replay",
-        description="Re-run dumped episodes through a workflow against the recorded generations (no model) "
+def _parser() -> Parser:
+    p = Parser(
+        "rollout-trio replay",
+        "Re-run dumped episodes through a workflow against the recorded generations (no model) "
         "and report, per task, whether the tokens and rewards reproduce. Exit status 0 when all do, 1 otherwise.",
     )
     p.add_argument("dump_dir", metavar="DUMP_DIR", help="a dump directory (any level of the layout) or one .jsonl file")
-    p.add_argument("--workflow", metavar="MODULE:NAME", help="the workflow (or a factory taking the tokenizer); default: the main job's RLVR arithmetic workflow")
-    p.add_argument("--data", metavar="FILE", help="dataset items, one per task id (JSON lines or a JSON list); default: the main job's prompts for --seed")
-    p.add_argument("--seed", type=int, default=0, help="the main job's --seed, for its default prompts; default 0")
-    p.add_argument("--task", type=int, action="append", metavar="ID", help="replay only this task id (repeatable)")
-    p.add_argument("--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)")
-    p.add_argument("--max-new-tokens", type=int, default=8, help="the default workflow's limit, as the main job's; default 8")
+    p.add_argument(
+        "--workflow",
+        type=import_name,
+        metavar="MODULE:NAME",
+        help="the workflow (or a factory taking the tokenizer) (default: the main job's RLVR arithmetic workflow)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="dataset items, one per task id, JSON lines or a JSON list (default: the main job's prompts for --seed)",
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the main job's --seed, for its default prompts")
+    p.add_argument(
+        "--task",
+        type=non_negative_int,
+        action="append",
+        metavar="ID",
+        help="replay only this task id (repeatable; default: every task)",
+    )
+    p.add_argument(
+        "--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=8, help="the default workflow's limit, as the main job's"
+    )
     return p
 
 
@@ -258,27 +268,16 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
     return 1 if bad else 0
 
 
-def replay_main(argv: list[str]) -> int:
-    """Entry point of ``rollout-trio replay``."""
-    try:
-        args = _parser().parse_args(argv)
-        if args.workflow is not None and ":" not in args.workflow:
-            raise _UsageError(f"--workflow must be MODULE:NAME, got {args.workflow!r}")
-        if args.max_new_tokens < 1:
-            raise _UsageError("--max-new-tokens must be >= 1")
-    except _UsageError as exc:
-        print(f"rollout-trio replay: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if args.tokenizer is not None:
-            from transformers import AutoTokenizer
+def _main(args: argparse.Namespace) -> int:
+    if args.tokenizer is not None:
+        tokenizer = load_tokenizer(args.tokenizer)
+    else:
+        from ..models import byte_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
-        else:
-            from ..models import byte_tokenizer
+        tokenizer = byte_tokenizer()
+    return trio.run(_replay, args, tokenizer)
 
-            tokenizer = byte_tokenizer()
-        return trio.run(_replay, args, tokenizer)
-    except (OSError, ValueError, ImportError, AttributeError, TypeError) as exc:
-        print(f"rollout-trio replay: {exc}", file=sys.stderr)
-        return 1
+
+def replay_main(argv: Sequence[str]) -> int:
+    """Entry point of ``rollout-trio replay``; returns the exit status (1 when a row differs)."""
+    return run_command("rollout-trio replay", _parser(), argv, _main)

@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import re
-import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import trio
+
+from .. import workflow_context
 from .._config import GenerationConfig
 from .._stats import StatsRecorder
 from .._trajectory import Trajectory
 from ..engines import LocalEngine
 from ..executor import RolloutConfig, TaskOutcome, open_executor
 from ..workflows import rlvr_workflow
+from ._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Parser,
+    UsageError,
+    device,
+    interruptible,
+    load_model_and_tokenizer,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    run_command,
+)
 
 __all__ = ["arithmetic_prompts", "arithmetic_reward", "run_main"]
 
@@ -47,45 +63,75 @@ def arithmetic_reward(completion: str, data: Mapping[str, Any]) -> float:
     return max(0.0, 1.0 - error / 10.0)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rollout-trio run",
-        description=(
-            "Run grouped rollouts of toy arithmetic on the embedded engine through the executor, "
-            "printing each group as it finishes, then group statistics. Ctrl-C stops new work, "
-            "aborts the episodes in flight, prints the summary and exits 130."
-        ),
+def _parser() -> Parser:
+    p = Parser(
+        "rollout-trio run",
+        "Run grouped rollouts of toy arithmetic on the embedded engine through the executor, "
+        "printing each group as it finishes, then group statistics. Ctrl-C stops new work, "
+        "aborts the episodes in flight, prints the summary and exits 130.",
     )
-    p.add_argument("--groups", type=int, default=16, help="prompts (one group each); default 16")
-    p.add_argument("--group-size", type=int, default=8, help="samples per prompt (G); default 8")
-    p.add_argument("--concurrency", type=int, default=4, help="groups in flight at once; default 4")
-    p.add_argument("--consumer-batch-size", type=int, default=None,
-                   help="groups the consumer takes per batch (default: --concurrency)")
-    p.add_argument("--max-head-offpolicyness", type=int, default=1000,
-                   help="versions a batch may lag (the run never bumps the version); default 1000")
-    p.add_argument("--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if present, else cpu)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--reward-normalization", action="store_true", help="normalize rewards within each group")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--episode-timeout", type=float, default=None,
-                   help="seconds one group may take; a group past it counts as failed (default: no limit)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="seconds before the whole run stops as if interrupted (default: no limit)")
-    p.add_argument("--dump", metavar="DIR", default=None,
-                   help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md)")
-    return p  # fmt: skip
+    p.add_argument("--groups", type=positive_int, default=16, help="prompts (one group each)")
+    p.add_argument("--group-size", type=positive_int, default=8, help="samples per prompt (G)")
+    p.add_argument("--concurrency", type=positive_int, default=4, help="groups in flight at once")
+    p.add_argument(
+        "--consumer-batch-size",
+        type=positive_int,
+        default=None,
+        help="groups the consumer takes per batch (default: --concurrency)",
+    )
+    p.add_argument(
+        "--max-head-offpolicyness",
+        type=non_negative_int,
+        default=1000,
+        help="versions a batch may lag (the run never bumps the version)",
+    )
+    p.add_argument(
+        "--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)"
+    )
+    p.add_argument(
+        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
+    )
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="sampling temperature; 0 is greedy")
+    p.add_argument("--max-new-tokens", type=positive_int, default=8, help="tokens generated per sample at most")
+    p.add_argument(
+        "--reward-normalization",
+        action="store_true",
+        help="normalize rewards within each group (needs --group-size >= 2); prints both rewards",
+    )
+    p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        help="seeds the prompts and sampling; the same seed gives the same samples whatever the scheduling",
+    )
+    p.add_argument(
+        "--episode-timeout",
+        type=positive_float,
+        default=None,
+        help="seconds one group may take; a group past it counts as failed (default: no limit)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help="seconds before the whole run stops as if interrupted (default: no limit)",
+    )
+    p.add_argument(
+        "--dump",
+        metavar="DIR",
+        default=None,
+        help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md; default: no dump)",
+    )
+    return p
 
 
 def _build_engine(args: argparse.Namespace) -> LocalEngine:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.model:
-        return LocalEngine.from_pretrained(args.model, device=device, seed=args.seed)
-    from ..models import tiny_model
-
-    model, tokenizer = tiny_model(seed=args.seed, device=device)
+    model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
     return LocalEngine(model, tokenizer, seed=args.seed)
+
+
+def _shown(rewards: torch.Tensor) -> str:
+    return f"[{' '.join(f'{r:.1f}' for r in rewards.tolist())}]  mean {rewards.mean():.2f}"
 
 
 class _Summary:
@@ -106,10 +152,12 @@ class _Summary:
         question = outcome.data["messages"][0]["content"]
         traj = outcome.trajectory
         if outcome.status == "accepted" and isinstance(traj, Trajectory):
-            raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
-            assert raw is not None
-            shown = " ".join(f"{r:.1f}" for r in raw.tolist())
-            line = f"{k:>3}  {question:<12} rewards [{shown}]  mean {raw.mean():.2f}"
+            assert traj.rewards is not None
+            line = f"{k:>3}  {question:<12} rewards "
+            if traj.original_rewards is not None:  # --reward-normalization: both, so the change shows
+                line += f"{_shown(traj.original_rewards)}  normalized {_shown(traj.rewards)}"
+            else:
+                line += _shown(traj.rewards)
             self.counts["accepted"] += 1
         elif outcome.status == "failed":
             line = f"{k:>3}  {question:<12} failed ({outcome.reason})"
@@ -137,39 +185,30 @@ async def _run(args: argparse.Namespace) -> int:
         experiment_name="run" if args.dump is not None else None,
         trial_name=f"seed{args.seed}" if args.dump is not None else None,
     )
-    interrupted = False
     started = time.perf_counter()
-    async with _build_engine(args) as engine:
+    engine = await trio.to_thread.run_sync(_build_engine, args)
+    async with engine:
         workflow = rlvr_workflow(
             engine.tokenizer,
             arithmetic_reward,
             GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
         )
         summary.header()
-        async with trio.open_nursery() as nursery:
-            with trio.CancelScope() as work, trio.open_signal_receiver(signal.SIGINT) as sigint:
-
-                async def stop_on_sigint() -> None:
-                    nonlocal interrupted
-                    async for _ in sigint:
-                        interrupted = True
-                        print("interrupted: stopping new work and aborting episodes in flight", file=sys.stderr, flush=True)
-                        work.cancel()
-
-                nursery.start_soon(stop_on_sigint)
-                if args.timeout is not None:
-                    work.deadline = trio.current_time() + args.timeout
-                async with open_executor(engine, config, tokenizer=engine.tokenizer, stats=stats) as ex:
-                    remaining = len(prompts)
-                    while remaining:
-                        n = min(batch_size, remaining)
-                        await ex.prepare_batch(
-                            prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
-                            callback=summary.on_outcome, group_size=args.group_size,
-                            reward_normalization=args.reward_normalization,
-                        )  # fmt: skip
-                        remaining -= n
-            nursery.cancel_scope.cancel()
+        async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
+            with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
+                # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
+                with workflow_context.use_seed(args.seed):
+                    async with open_executor(engine, config, tokenizer=engine.tokenizer, stats=stats) as ex:
+                        remaining = len(prompts)
+                        while remaining:
+                            n = min(batch_size, remaining)
+                            await ex.prepare_batch(
+                                prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
+                                callback=summary.on_outcome, group_size=args.group_size,
+                                reward_normalization=args.reward_normalization,
+                            )  # fmt: skip
+                            remaining -= n
+    interrupted = interrupt.received
     if work.cancelled_caught and not interrupted:
         print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)
     elapsed = time.perf_counter() - started
@@ -182,23 +221,20 @@ async def _run(args: argparse.Namespace) -> int:
     print(f"\n{summary.episodes} episodes in {elapsed:.1f} s")
     if args.dump is not None:
         print(f"trajectories dumped under {os.path.join(args.dump, 'run', f'seed{args.seed}')}")
-    return 130 if interrupted else 0
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
-def run_main(argv: list[str]) -> int:
-    """Entry point of ``rollout-trio run``."""
-    args = _parser().parse_args(argv)
-    for name in ("groups", "group_size", "concurrency", "max_new_tokens", "consumer_batch_size"):
-        if getattr(args, name) is None:
-            continue
-        if getattr(args, name) < 1:
-            print(f"rollout-trio run: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
-    if args.max_head_offpolicyness < 0:
-        print("rollout-trio run: --max-head-offpolicyness must be >= 0", file=sys.stderr)
-        return 2
-    for name in ("episode_timeout", "timeout"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            print(f"rollout-trio run: --{name.replace('_', '-')} must be > 0 seconds", file=sys.stderr)
-            return 2
+def _main(args: argparse.Namespace) -> int:
+    if args.reward_normalization and args.group_size < 2:
+        raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
+    if args.dump is not None:
+        try:
+            os.makedirs(args.dump, exist_ok=True)
+        except OSError as exc:
+            raise CommandError(f"--dump {args.dump}: cannot create the directory: {exc.strerror}") from exc
     return trio.run(_run, args)
+
+
+def run_main(argv: Sequence[str]) -> int:
+    """Entry point of ``rollout-trio run``; returns the exit status."""
+    return run_command("rollout-trio run", _parser(), argv, _main)

@@ -17,10 +17,28 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import trio
+
+from ._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Parser,
+    UsageError,
+    device,
+    load_model_and_tokenizer,
+    log_level,
+    non_negative_float,
+    non_negative_int,
+    port,
+    positive_float,
+    positive_int,
+    run_command,
+    setup_logging,
+)
 
 __all__ = ["serve_main"]
 
@@ -29,43 +47,21 @@ log = logging.getLogger("rollout_trio.server")
 API_KEY_ENV = "ROLLOUT_TRIO_API_KEY"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """A usage error: one line on stderr, exit status 2."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
+def _api_key(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a non-empty string")
+    return text
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0-65535, got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0-65535, got {port}")
-    return port
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a {kind.__name__} > 0, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> Parser:
     """Every option of ``rollout-trio serve``."""
-    p = _Parser(prog="rollout-trio serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=30000, help="port to bind, 0-65535; 0 picks a free one (default 30000)")
-    p.add_argument("--port-file", help="write the bound port to this file once listening")
+    p = Parser("rollout-trio serve", __doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=port, default=30000, help="port to bind; 0 picks a free one")
+    p.add_argument("--port-file", help="write the bound port to this file once listening (default: none)")
     p.add_argument(
         "--api-key",
+        type=_api_key,
         default=os.environ.get(API_KEY_ENV) or None,
         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV})",
     )
@@ -74,30 +70,38 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="bind a non-loopback address without an api key (anyone who can reach it may load weights)",
     )
-    p.add_argument("--model", help="local Hugging Face checkpoint directory (default: the built-in tiny model)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--seed", type=int, default=None, help="seed for requests without sampling_seed")
-    p.add_argument("--segment-tokens", type=int, default=16, help="tokens per engine call: abort/pause granularity")
-    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep between chunks (slows generation)")
-    p.add_argument("--max-batch-size", type=int, default=256, help="requests per forward pass")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
-        "--max-body-bytes", type=_positive(int), default=16 * 1024 * 1024, help="largest request body (default 16 MiB)"
+        "--model", default=None, help="local Hugging Face checkpoint directory (default: the built-in tiny model)"
     )
     p.add_argument(
-        "--read-deadline", type=_positive(float), default=60.0, help="seconds to receive a request body (default 60)"
+        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
     )
     p.add_argument(
-        "--keep-alive-timeout", type=_positive(float), default=75.0, help="seconds an idle connection stays open (default 75)"
+        "--seed", type=non_negative_int, default=None, help="seed for requests without sampling_seed (default: random)"
     )
-    p.add_argument("--max-connections", type=_positive(int), default=1024, help="open connections at once (default 1024)")
+    p.add_argument(
+        "--segment-tokens", type=positive_int, default=16, help="tokens per engine call: abort/pause granularity"
+    )
+    p.add_argument(
+        "--step-delay", type=non_negative_float, default=0.0, help="seconds to sleep between chunks (slows generation)"
+    )
+    p.add_argument("--max-batch-size", type=positive_int, default=256, help="requests per forward pass")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, help="largest request body (default: 16 MiB)"
+    )
+    p.add_argument("--read-deadline", type=positive_float, default=60.0, help="seconds to receive a request body")
+    p.add_argument(
+        "--keep-alive-timeout", type=positive_float, default=75.0, help="seconds an idle connection stays open"
+    )
+    p.add_argument("--max-connections", type=positive_int, default=1024, help="open connections at once")
     p.add_argument(
         "--graceful-timeout",
-        type=_positive(float),
+        type=positive_float,
         default=10.0,
-        help="seconds answers may take to go out after SIGINT/SIGTERM (default 10)",
+        help="seconds answers may take to go out after SIGINT/SIGTERM",
     )
-    p.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    p.add_argument("--log-level", type=log_level, default="WARNING", help="logging level; INFO logs each request")
     return p
 
 
@@ -112,18 +116,12 @@ def _is_loopback(host: str) -> bool:
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from ..engines._local import LocalEngine
-    from ..models import load_model, tiny_model
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.model:
-        model, tokenizer = load_model(args.model, device=args.device)
-        name = args.model
-    else:
-        model, tokenizer = tiny_model(device=args.device)
-        name = "tiny"
+    model, tokenizer, name = load_model_and_tokenizer(args.model, args.device)
     engine = LocalEngine(model, tokenizer, seed=args.seed, max_batch_size=args.max_batch_size)
     return engine, tokenizer, name
 
@@ -163,37 +161,34 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
             shutdown_trigger=stop.wait,
             graceful_timeout=args.graceful_timeout,
         )
-        bound = await nursery.start(serve)
-        host, port = bound[0]
+        try:
+            bound = await nursery.start(serve)
+        except OSError as exc:  # a taken port, an unknown host
+            raise CommandError(f"--host {args.host} --port {args.port}: cannot listen: {exc}") from exc
+        host, bound_port = bound[0]
         if args.port_file:
             tmp = trio.Path(args.port_file + ".tmp")
-            await tmp.write_text(f"{port}\n")
+            await tmp.write_text(f"{bound_port}\n")
             await tmp.replace(args.port_file)
         auth = "api key required" if args.api_key else "no api key"
-        print(f"rollout-trio serve: listening on http://{host}:{port} (model {name}, {auth})", flush=True)
+        print(f"rollout-trio serve: listening on http://{host}:{bound_port} (model {name}, {auth})", flush=True)
 
 
-def serve_main(argv: list[str]) -> int:
-    """Run the server until SIGINT or SIGTERM; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _main(args: argparse.Namespace) -> int:
     if not args.api_key and not args.allow_unauthenticated and not _is_loopback(args.host):
-        parser.error(
+        raise UsageError(
             f"refusing to bind {args.host} without an api key: pass --api-key (or set ${API_KEY_ENV}), "
             "or --allow-unauthenticated"
         )
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(args.log_level)
     received: list[int] = []
-    failed = False
-    try:
-        trio.run(_serve, args, received)
-    except* OSError as group:  # e.g. the port is taken (raised inside the server's nursery)
-        for exc in group.exceptions:
-            print(f"rollout-trio serve: {exc}", file=sys.stderr)
-        failed = True
-    if failed:
-        return 1
-    return 130 if received == [signal.SIGINT] else 0
+    trio.run(_serve, args, received)
+    return EXIT_INTERRUPTED if received == [signal.SIGINT] else 0
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    """Run the server until Ctrl-C (exit status 130) or SIGTERM (0); returns the exit status."""
+    return run_command("rollout-trio serve", _parser(), argv, _main)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import attrs
 import torch
 import trio
 
+from .. import workflow_context
 from .._errors import EngineError, EngineTimeoutError, UnsupportedRequestError
 from .._io import ModelRequest, ModelResponse
 from ._local_batch import KVBatch, check_supported
@@ -105,8 +106,8 @@ class LocalEngine:
         request_timeout: seconds an ``agenerate`` may take before
             :class:`~rollout_trio.EngineTimeoutError`; None leaves it to the caller's cancel
             scope.
-        seed: seeds the engine's generator for requests without ``gconfig.seed``;
-            None draws a random seed.
+        seed: seeds the engine's generator for requests without ``gconfig.seed`` made
+            outside :func:`workflow_context.use_seed`; None draws a random seed.
         version: the initial weight version.
 
     Raises:
@@ -407,9 +408,11 @@ class LocalEngine:
             stop |= self._eos
         temperature = g.effective_temperature
         gen = None
-        if g.seed is not None and temperature > 0:
+        # A request without its own seed follows the run's (workflow_context.use_seed), if any.
+        seed = g.seed if g.seed is not None else workflow_context.request_seed()
+        if seed is not None and temperature > 0:
             gen = torch.Generator(device=self._device)
-            gen.manual_seed(g.seed)
+            gen.manual_seed(seed)
         sampling = RowSampling(
             temperature=temperature,
             top_k=g.top_k if g.top_k_active else None,

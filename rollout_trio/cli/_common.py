@@ -1,0 +1,295 @@
+"""What every ``rollout-trio`` command shares: its manners.
+
+- A usage error (a bad flag or value) is one line on stderr and exit status 2
+  (:class:`Parser`, and the argument types below, which apply the library's own rules).
+- A runtime failure (no GPU for ``--device cuda``, a missing ``--model`` directory, a port
+  in use) is one line on stderr and exit status 1; ``--debug`` prints the full traceback
+  first (:func:`run_command`).
+- Ctrl-C stops new work, aborts what is in flight, lets the command print what finished,
+  and exits with 130 (:func:`interruptible`, :func:`run_command`).
+- Every option's help shows its default, and help text is plain text (no ``rst`` markup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import signal
+import sys
+import traceback
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, NoReturn
+
+import attrs
+import trio
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "CommandError",
+    "Interrupt",
+    "Parser",
+    "UsageError",
+    "describe_exception",
+    "device",
+    "import_name",
+    "interruptible",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "log_level",
+    "non_negative_float",
+    "non_negative_int",
+    "port",
+    "positive_float",
+    "positive_int",
+    "resolve_device",
+    "run_command",
+    "setup_logging",
+]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_RST_LITERAL = re.compile(r"``(.+?)``")
+
+
+class CommandError(Exception):
+    """A runtime failure whose message is already written for the user (printed as is)."""
+
+
+class UsageError(CommandError):
+    """Options that parse one by one but not together (exit status 2, like a parse error)."""
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default (unless its help already says "(default: ...)") in plain text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS:
+            return text
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return super()._get_help_string(action)
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(_RST_LITERAL.sub(r"\1", text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return _RST_LITERAL.sub(r"\1", super()._expand_help(action))
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2.
+
+    Every parser has ``--debug`` (print the traceback of a runtime failure).
+    """
+
+    def __init__(self, prog: str, description: str, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(prog=prog, description=description, **kwargs)
+        self.add_argument("--debug", action="store_true", help="print the full traceback of a failure")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _type(name: str, convert: Callable[[str], Any], check: Callable[[Any], bool], rule: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert`` then ``check``, else a usage error quoting ``rule``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not check(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+positive_int = _type("positive_int", int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _type("non_negative_int", int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _type("positive_float", float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+non_negative_float = _type(
+    "non_negative_float", float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"
+)
+port = _type("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535 (0 picks a free one)")
+log_level = _type(
+    "log_level", lambda s: s.upper() if s.upper() in LOG_LEVELS else None, bool, f"one of {', '.join(LOG_LEVELS)}"
+)
+import_name = _type(
+    "import_name",
+    lambda s: s if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", s) else None,
+    bool,
+    "MODULE:NAME (an importable module and an attribute of it)",
+)
+_DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
+device = _type(
+    "device", lambda s: s if _DEVICE.fullmatch(s) else None, bool, "cpu, cuda, cuda:N or mps"
+)
+
+
+# ---------------------------------------------------------------------------- devices and models
+
+
+def resolve_device(requested: str | None) -> str:
+    """The torch device to use: ``requested`` if this machine has it, else a :class:`CommandError`.
+
+    None picks ``cuda`` when a GPU is present, else ``cpu`` (as ``LocalEngine.from_pretrained``).
+    """
+    import torch
+
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise CommandError(f"--device {requested}: CUDA is not available on this machine")
+        index = int(requested.partition(":")[2] or 0)
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise CommandError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif requested == "mps" and not torch.backends.mps.is_available():
+        raise CommandError("--device mps: MPS is not available on this machine")
+    return requested
+
+
+def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, name)`` for ``--model`` and ``--device``, the same way for every command.
+
+    ``path`` None is the built-in tiny model (a fixed one: ``--seed`` seeds sampling, not weights).
+    """
+    import os
+
+    from ..models import load_model, tiny_model
+
+    where = resolve_device(requested_device)
+    if path is None:
+        model, tokenizer = tiny_model(device=where)
+        return model, tokenizer, "tiny"
+    if not os.path.isdir(path):
+        raise CommandError(f"--model {path}: no such checkpoint directory")
+    try:
+        model, tokenizer = load_model(path, device=where)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--model {path}: cannot load a model and tokenizer from it: {_one_line(str(exc))}") from exc
+    return model, tokenizer, path
+
+
+def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
+    """A tokenizer from a local directory, or a :class:`CommandError` naming ``flag``."""
+    import os
+
+    if not os.path.isdir(path):
+        raise CommandError(f"{flag} {path}: no such tokenizer directory")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"{flag} {path}: cannot load a tokenizer from it: {_one_line(str(exc))}") from exc
+
+
+def setup_logging(level: str) -> None:
+    """Log records at ``level`` and above to stderr, one line each."""
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for the user: the message (with its type unless it is a :class:`CommandError`)
+    and notes such as the failing slot; an exception group as its count and first failure."""
+    leaves = _leaves(exc)
+    if len(leaves) > 1:
+        return f"{len(leaves)} failures; the first: {describe_exception(leaves[0])}"
+    leaf = leaves[0]
+    text = _one_line(str(leaf))
+    if not isinstance(leaf, CommandError):
+        text = f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
+    notes = [_one_line(n) for n in getattr(leaf, "__notes__", ())]
+    return text + "".join(f" ({note})" for note in notes)
+
+
+def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[argparse.Namespace], int]) -> int:
+    """Parse ``argv`` and run ``body``; returns the exit status, never raises.
+
+    Usage errors give 2 (one line, from :class:`Parser`); an exception from ``body`` gives
+    one line and 1 (with ``--debug``, its traceback first); Ctrl-C gives 130 (``body``
+    prints what finished before; see :func:`interruptible`).
+    """
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or a usage error already printed
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        return body(args)
+    except UsageError as exc:
+        print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (Exception, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if getattr(args, "debug", False):
+            traceback.print_exception(exc)
+        print(f"{prog}: error: {describe_exception(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+@attrs.define
+class Interrupt:
+    """Whether Ctrl-C (SIGINT) arrived during an :func:`interruptible` block."""
+
+    received: bool = False
+
+
+@asynccontextmanager
+async def interruptible(notice: str | None = None) -> AsyncIterator[Interrupt]:
+    """Cancel the block's work on Ctrl-C instead of raising ``KeyboardInterrupt`` into it.
+
+    The block ends as a cancelled block does (in-flight requests are aborted, finished
+    results kept); the yielded :class:`Interrupt` tells whether that happened, so the command
+    can print what finished and exit with :data:`EXIT_INTERRUPTED`. ``notice`` goes to stderr
+    at once when Ctrl-C arrives. A Ctrl-C after the block ended raises ``KeyboardInterrupt``.
+    """
+    interrupt = Interrupt()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for _ in signals:
+                    interrupt.received = True
+                    if notice is not None:
+                        print(notice, file=sys.stderr, flush=True)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            yield interrupt
+            nursery.cancel_scope.cancel()

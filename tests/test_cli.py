@@ -1,0 +1,356 @@
+"""The command line's manners (DESIGN turn 2, issue 11 items 13 and 15).
+
+Usage errors: one line on stderr, exit 2. Runtime failures: one line, exit 1, a traceback
+only with --debug. Ctrl-C: what finished is printed, exit 130. Every flag of every command
+is tried with a bad value; the flags are read from the parsers, so a new flag without a
+case here fails ``test_every_flag_has_a_bad_value_case``.
+"""
+
+import argparse
+import importlib
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+import trio
+
+from rollout_trio.cli import COMMANDS, main
+from rollout_trio.cli._common import (
+    CommandError,
+    Parser,
+    describe_exception,
+    interruptible,
+    log_level,
+    port,
+    resolve_device,
+    run_command,
+)
+
+#: command -> long flag -> (argv that gives it a bad value, exit status, what stderr must say)
+BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
+    "run": {
+        "--debug": (["--debug=yes"], 2, "--debug: ignored explicit argument 'yes'"),
+        "--groups": (["--groups", "0"], 2, "--groups: must be an integer >= 1, got '0'"),
+        "--group-size": (["--group-size", "two"], 2, "--group-size: must be an integer >= 1, got 'two'"),
+        "--concurrency": (["--concurrency", "-3"], 2, "--concurrency: must be an integer >= 1"),
+        "--consumer-batch-size": (["--consumer-batch-size", "0"], 2, "--consumer-batch-size: must be an integer >= 1"),
+        "--max-head-offpolicyness": (["--max-head-offpolicyness", "-1"], 2, "must be an integer >= 0, got '-1'"),
+        "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
+        "--device": (["--device", "bogus"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'bogus'"),
+        "--temperature": (["--temperature", "-1"], 2, "--temperature: must be a finite number >= 0"),
+        "--max-new-tokens": (["--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
+        "--reward-normalization": (["--reward-normalization", "--group-size", "1"], 2, "needs --group-size >= 2"),
+        "--seed": (["--seed", "-1"], 2, "--seed: must be an integer >= 0"),
+        "--episode-timeout": (["--episode-timeout", "inf"], 2, "--episode-timeout: must be a finite number > 0"),
+        "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
+        "--dump": (["--dump", "/dev/null/dumps"], 1, "--dump /dev/null/dumps: cannot create the directory: Not a directory"),
+    },
+    "serve": {
+        "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--host": (["--port", "0", "--host", "256.1.1.1", "--allow-unauthenticated"], 1, "--host 256.1.1.1 --port 0: cannot listen"),
+        "--api-key": (["--api-key", " "], 2, "--api-key: must be a non-empty string"),
+        "--allow-unauthenticated": (["--allow-unauthenticated=yes"], 2, "ignored explicit argument 'yes'"),
+        "--port": (["--port", "65536"], 2, "--port: must be a port number 0-65535"),
+        "--port-file": (["--port", "0", "--port-file", "/nonexistent/dir/port"], 1, "/nonexistent/dir/port"),
+        "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
+        "--device": (["--device", "cuda:x"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'cuda:x'"),
+        "--seed": (["--seed", "1.5"], 2, "--seed: must be an integer >= 0, got '1.5'"),
+        "--segment-tokens": (["--segment-tokens", "0"], 2, "--segment-tokens: must be an integer >= 1"),
+        "--step-delay": (["--step-delay", "nan"], 2, "--step-delay: must be a finite number >= 0, got 'nan'"),
+        "--max-batch-size": (["--max-batch-size", "0"], 2, "--max-batch-size: must be an integer >= 1"),
+        "--threads": (["--threads", "0"], 2, "--threads: must be an integer >= 1"),
+        "--max-body-bytes": (["--max-body-bytes", "0"], 2, "--max-body-bytes: must be an integer >= 1"),
+        "--read-deadline": (["--read-deadline", "0"], 2, "--read-deadline: must be a finite number > 0"),
+        "--keep-alive-timeout": (["--keep-alive-timeout", "-1"], 2, "--keep-alive-timeout: must be a finite number > 0"),
+        "--max-connections": (["--max-connections", "0"], 2, "--max-connections: must be an integer >= 1"),
+        "--graceful-timeout": (["--graceful-timeout", "nan"], 2, "--graceful-timeout: must be a finite number > 0"),
+        "--log-level": (["--log-level", "bogus"], 2, "--log-level: must be one of DEBUG, INFO, WARNING"),
+    },
+    # {dump} is a small real dump (the `dump` fixture)
+    "inspect": {
+        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--html": (["{dump}", "--html", "/nonexistent/dir/out.html"], 1, "'/nonexistent/dir/out.html'"),
+        "--samples": (["{dump}", "--samples", "0"], 2, "--samples: must be an integer >= 1, got '0'"),
+        "--bins": (["{dump}", "--bins", "x"], 2, "--bins: must be an integer >= 1, got 'x'"),
+        "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
+    },
+    "replay": {
+        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--workflow": (["{dump}", "--workflow", "no_colon"], 2, "--workflow: must be MODULE:NAME"),
+        "--data": (["{dump}", "--data", "/nonexistent.jsonl"], 1, "'/nonexistent.jsonl'"),
+        "--seed": (["{dump}", "--seed", "-1"], 2, "--seed: must be an integer >= 0, got '-1'"),
+        "--task": (["{dump}", "--task", "x"], 2, "--task: must be an integer >= 0, got 'x'"),
+        "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
+        "--max-new-tokens": (["{dump}", "--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory):
+    from tests.dump_helpers import write_dump_sync
+
+    root = tmp_path_factory.mktemp("dump")
+    write_dump_sync(root, groups=2, group_size=2, versions=1)
+    return str(root)
+
+
+def parser_of(command: str) -> argparse.ArgumentParser:
+    module, _, _ = COMMANDS[command]
+    return importlib.import_module(module, "rollout_trio.cli")._parser()
+
+
+def long_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Each option's long flag, and each positional argument's name (its metavar or dest)."""
+    return {
+        max(action.option_strings, key=len) if action.option_strings else str(action.metavar or action.dest)
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction)
+    }
+
+
+def test_every_command_is_covered():
+    assert set(BAD) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_flag_has_a_bad_value_case(command):
+    assert long_flags(parser_of(command)) == set(BAD[command])
+
+
+CASES = [(command, flag, *case) for command, flags in BAD.items() for flag, case in flags.items()]
+
+
+@pytest.mark.parametrize(("command", "flag", "argv", "status", "says"), CASES, ids=[f"{c[0]} {c[1]}" for c in CASES])
+def test_a_bad_value_is_one_line_and_the_right_status(capsys, request, command, flag, argv, status, says):
+    if "{dump}" in argv:
+        argv = [request.getfixturevalue("dump") if arg == "{dump}" else arg for arg in argv]
+    assert main([command, *argv]) == status
+    out, err = capsys.readouterr()
+    assert not flag.startswith("-") or any(arg.split("=")[0] == flag for arg in argv)  # it tries this flag
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rollout-trio {command}: error: ") and says in lines[0], err
+    if status == 2:
+        assert lines[0].endswith(f"(see rollout-trio {command} --help)")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_shows_its_default_in_plain_text(capsys, command):
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "``" not in text
+    entries = re.split(r"\n  (?=-)", text.split("options:\n", 1)[1])  # one per option
+    options = [a for a in parser_of(command)._actions if a.option_strings]
+    assert len(entries) == len(options)
+    for entry in entries:
+        if not entry.lstrip().startswith("-h, --help"):
+            assert "(default" in " ".join(entry.split()), entry
+
+
+def test_top_level_help_lists_every_command_with_its_description(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, (_, _, text) in COMMANDS.items():
+        assert re.search(rf"^  {name}\s+{re.escape(text)}$", out, re.M), out
+
+
+def test_version(capsys):
+    from rollout_trio import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rollout-trio {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "a command is required: run, serve"),
+        (["rnu"], "unknown command 'rnu'; did you mean 'run'?"),
+        (["zzz"], "unknown command 'zzz'; the commands are run, serve"),
+        (["--bogus"], "unknown option '--bogus' before the command"),
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["run", "--groups"], "--groups: expected one argument"),
+    ],
+)
+def test_top_level_usage_errors_are_one_line(capsys, argv, says):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_argument_types_apply_the_library_rules():
+    assert log_level("info") == "INFO"
+    assert port("0") == 0 and port("65535") == 65535
+    for bad in ("-1", "65536", "80.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="0-65535"):
+            port(bad)
+
+
+def test_run_and_serve_choose_the_device_the_same_way():
+    run, serve = (next(a for a in parser_of(c)._actions if "--device" in a.option_strings) for c in ("run", "serve"))
+    assert (run.type, run.default, run.help) == (serve.type, serve.default, serve.help)
+    sources = [importlib.import_module(COMMANDS[c][0], "rollout_trio.cli").__dict__ for c in ("run", "serve")]
+    assert all("load_model_and_tokenizer" in names for names in sources)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "requested", "chosen"),
+    [(0, None, "cpu"), (2, None, "cuda"), (2, "cuda:1", "cuda:1"), (0, "cpu", "cpu"), (2, "cpu", "cpu")],
+)
+def test_resolve_device_picks_cuda_when_present_and_keeps_what_exists(monkeypatch, gpus, requested, chosen):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert resolve_device(requested) == chosen
+
+
+@pytest.mark.parametrize(
+    ("gpus", "requested", "says"),
+    [
+        (0, "cuda", "--device cuda: CUDA is not available on this machine"),
+        (2, "cuda:2", "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1"),
+    ],
+)
+def test_resolve_device_refuses_what_is_missing(monkeypatch, gpus, requested, says):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(CommandError) as caught:
+        resolve_device(requested)
+    assert str(caught.value) == says
+
+
+def test_exception_groups_are_summarized_in_one_line():
+    inner = ValueError("bad\nreward")
+    inner.add_note("rollout_trio: raised in slot 3 of a group of 8")
+    group = ExceptionGroup("outer", [ExceptionGroup("inner", [inner]), TimeoutError()])
+    text = describe_exception(group)
+    assert "\n" not in text
+    assert text == "2 failures; the first: ValueError: bad reward (rollout_trio: raised in slot 3 of a group of 8)"
+    assert describe_exception(ExceptionGroup("one", [KeyError("k")])) == "KeyError: 'k'"
+
+
+def test_interruptible_turns_ctrl_c_into_a_cancelled_block_and_keeps_what_finished(capsys):
+    finished = []
+
+    async def main():
+        async with interruptible("stopping") as interrupt:
+            finished.append("first")
+            signal.raise_signal(signal.SIGINT)  # delivered to the block's watcher, not as KeyboardInterrupt
+            await trio.sleep_forever()  # cancelled by the interrupt
+        return interrupt.received
+
+    assert trio.run(main) is True
+    assert finished == ["first"] and capsys.readouterr().err == "stopping\n"
+
+
+def test_interruptible_without_ctrl_c_changes_nothing():
+    async def main():
+        async with interruptible() as interrupt:
+            await trio.sleep(0)
+        return interrupt.received
+
+    assert trio.run(main) is False
+
+
+def test_run_command_maps_ctrl_c_to_130_and_failures_to_one_line(capsys):
+    parser = Parser("prog", "a test command")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def failing(args):
+        raise ExceptionGroup("two", [ValueError("first\nline"), OSError("second")])
+
+    assert run_command("prog", parser, [], interrupted) == 130
+    assert capsys.readouterr().err == "prog: interrupted\n"
+    assert run_command("prog", parser, [], failing) == 1
+    assert capsys.readouterr().err == "prog: error: 2 failures; the first: ValueError: first line\n"
+    assert run_command("prog", parser, ["--debug"], failing) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("  + Exception Group Traceback") and err.endswith("the first: ValueError: first line\n")
+
+
+# ------------------------------------------------------------------ as a real process
+
+
+def rollout_trio(*argv, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "rollout_trio", *argv], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_an_unavailable_device_is_one_line_exit_1_and_a_traceback_only_with_debug():
+    # cuda:99 exists on no machine (with or without a GPU)
+    plain = rollout_trio("run", "--device", "cuda:99")
+    assert plain.returncode == 1, plain.stderr
+    assert len(plain.stderr.strip().splitlines()) == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("rollout-trio run: error: --device cuda:99: ")
+    debug = rollout_trio("run", "--device", "cuda:99", "--debug")
+    assert debug.returncode == 1
+    assert debug.stderr.startswith("Traceback (most recent call last):")
+    assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()
+
+
+def test_a_usage_error_exits_2_from_a_real_process():
+    proc = rollout_trio("serve", "--segment-tokens", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "--segment-tokens: must be an integer >= 1" in proc.stderr
+
+
+async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False, before_interrupt=None):
+    """Start ``rollout-trio *argv``; once stderr (or stdout) matches ``progress``, await
+    ``before_interrupt(match)`` if given, then send SIGINT; return (exit status, stdout, stderr)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "rollout_trio", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    out, err = bytearray(), bytearray()
+
+    async def drain(stream, into):
+        async for chunk in stream:
+            into += chunk
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                (watched, seen), (other, rest) = ((proc.stderr, err), (proc.stdout, out))[:: -1 if on_stdout else 1]
+                nursery.start_soon(drain, other, rest)
+                while (match := progress.search(seen)) is None:
+                    chunk = await watched.receive_some()
+                    assert chunk, f"exited before progress showed: {err.decode()}"
+                    seen += chunk
+                if before_interrupt is not None:
+                    await before_interrupt(match)
+                proc.send_signal(signal.SIGINT)
+                nursery.start_soon(drain, watched, seen)
+                await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("level", ["INFO", None])
+async def test_serve_logs_requests_at_info_and_exits_130_on_ctrl_c(level):
+    async def request_health(match):
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(match[1].decode() + "/health")).status_code == 200
+
+    argv = ["serve", "--port", "0", *(["--log-level", level] if level else [])]
+    rc, out, err = await _interrupt_once(
+        argv, re.compile(rb"listening on (http://\S+)"), on_stdout=True, before_interrupt=request_health
+    )
+    assert rc == 130 and "Traceback" not in err, err
+    logged = re.search(r"INFO .*GET /health.* 200\b", err)
+    assert (logged is not None) == (level == "INFO"), err
