@@ -76,6 +76,7 @@ async def _scenario(n_servers: int, delay: int, cancel_after: int, concurrent: b
 # Found after the merge: the reload reached the servers, the cancel landed before the
 # engine relabelled itself, and the next request failed with VersionMismatchError.
 @example(n_servers=2, delay=2, cancel_after=7, concurrent=False)
+@example(n_servers=2, delay=1, cancel_after=5, concurrent=False)
 @given(
     n_servers=st.integers(1, 3),
     delay=st.integers(0, 3),
