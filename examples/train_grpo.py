@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import random
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -58,30 +56,11 @@ from rollout_trio import (
 )
 from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
-from rollout_trio.workflows import rlvr_workflow
+from rollout_trio.workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
 
 # ----------------------------------------------------------------------------- the task
 
 MAX_NEW_TOKENS = 3  # answers are one digit; a rambling second digit already costs the reward
-
-
-def addition_prompts(n: int, *, seed: int) -> list[dict[str, Any]]:
-    """``n`` questions "What is a+b?" whose answers are single digits."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a = rng.randint(0, 9)
-        b = rng.randint(0, 9 - a)
-        out.append({"messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": a + b})
-    return out
-
-
-def addition_reward(completion: str, data: Mapping[str, Any]) -> float:
-    """1.0 for the right number, ``1 - |error| / 10`` for a near miss, 0.0 for no number."""
-    match = re.search(r"-?\d+", completion)
-    if match is None:
-        return 0.0
-    return max(0.0, 1.0 - abs(int(match.group()) - int(data["answer"])) / 10.0)
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -150,7 +129,7 @@ async def mean_reward(engine: LocalEngine, prompts: Sequence[Mapping[str, Any]],
     async def one(k: int, data: Mapping[str, Any]) -> None:
         for s in range(samples):
             gconfig = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, seed=seed * 1_000_003 + k * 101 + s)
-            workflow = rlvr_workflow(engine.tokenizer, addition_reward, gconfig)
+            workflow = rlvr_workflow(engine.tokenizer, arithmetic_reward, gconfig)
             traj = await workflow(engine, data)
             assert traj.rewards is not None
             rewards.append(float(traj.rewards[0]))
@@ -244,10 +223,10 @@ async def train(
     torch.manual_seed(seed)
     model, tokenizer = tiny_model(seed=seed, device=device)
     trainer = Trainer(model, lr=lr)
-    train_prompts = addition_prompts(256, seed=seed)
-    eval_set = addition_prompts(eval_prompts, seed=seed + 10_000)
+    train_prompts = arithmetic_prompts(256, seed=seed)
+    eval_set = arithmetic_prompts(eval_prompts, seed=seed + 10_000)
     gconfig = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
-    workflow = rlvr_workflow(tokenizer, addition_reward, gconfig)
+    workflow = rlvr_workflow(tokenizer, arithmetic_reward, gconfig)
     records: list[StepRecord] = []
     started = time.perf_counter()
     async with LocalEngine(model, tokenizer, seed=seed) as engine:

@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 
 from rollout_trio import GenerationConfig, run_group
-from rollout_trio.cli._run import arithmetic_prompts, arithmetic_reward
+from rollout_trio.workflows import arithmetic_prompts, arithmetic_reward
 from rollout_trio.engines import LocalEngine
 from rollout_trio.executor import TrajectoryDumper
 from rollout_trio.models import tiny_model

@@ -8,7 +8,7 @@ from typing import Any
 import trio
 
 from rollout_trio import GenerationConfig, ModelRequest, Trajectory
-from rollout_trio.cli._run import arithmetic_prompts, arithmetic_reward
+from rollout_trio.workflows import arithmetic_prompts, arithmetic_reward
 from rollout_trio.engines import LocalEngine
 from rollout_trio.executor import open_executor
 from rollout_trio.models import byte_tokenizer, tiny_model

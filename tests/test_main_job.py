@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from rollout_trio import GenerationConfig, Trajectory, run_group
-from rollout_trio.cli._run import arithmetic_prompts, arithmetic_reward
+from rollout_trio.workflows import arithmetic_prompts, arithmetic_reward
 from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
 from rollout_trio.workflow_context import StatsRecorder

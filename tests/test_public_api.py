@@ -65,7 +65,9 @@ def test_subpackage_names_report_their_public_module(package):
     for name in mod.__all__:
         obj = getattr(mod, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
-            assert obj.__module__ == f"rollout_trio.{package}", name
+            # A name the root re-exports too reports the root, its shortest public path.
+            home = "rollout_trio" if getattr(rollout_trio, name, None) is obj else f"rollout_trio.{package}"
+            assert obj.__module__ == home, name
             assert obj.__qualname__ == name
             checked += 1
     assert checked >= 1

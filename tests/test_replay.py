@@ -13,7 +13,7 @@ import trio.testing
 from rollout_trio import GenerationConfig, ModelRequest, Trajectory, run_group, workflow_context
 from rollout_trio.cli import main
 from rollout_trio.cli._replay import replay_main
-from rollout_trio.cli._run import arithmetic_reward
+from rollout_trio.workflows import arithmetic_reward
 from rollout_trio.engines import InferenceEngine, ReplayEngine, ReplayMismatchError
 from rollout_trio.executor import TrajectoryDumper, read_dump
 from rollout_trio.models import byte_tokenizer
@@ -85,7 +85,7 @@ def test_other_data_is_a_mismatch(dump_dir, capsys):
 
 
 def test_data_from_a_file(dump_dir, tmp_path, capsys):
-    from rollout_trio.cli._run import arithmetic_prompts
+    from rollout_trio.workflows import arithmetic_prompts
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in arithmetic_prompts(5)))
@@ -209,7 +209,7 @@ async def test_a_group_on_the_replay_engine_rebuilds_the_dumped_rows(dump_dir):
     """A trainer-side re-run: the same group through run_group gives the dumped rows back."""
     records = [r for r in read_dump(dump_dir) if r.task_id == 3]
     tok = byte_tokenizer()
-    from rollout_trio.cli._run import arithmetic_prompts
+    from rollout_trio.workflows import arithmetic_prompts
 
     workflow = rlvr_workflow(tok, arithmetic_reward, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS))
     async with ReplayEngine(records) as engine:

@@ -162,7 +162,7 @@ def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> Roll
     the tokenizer), or by default the main job's: RLVR on toy arithmetic."""
     if spec is None:
         from ..workflows import rlvr_workflow
-        from ._run import arithmetic_reward
+        from ..workflows import arithmetic_reward
 
         return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
     module_name, _, attr = spec.partition(":")
@@ -178,7 +178,7 @@ def load_data(path: str | None, task_ids: Sequence[int], seed: int) -> Callable[
     """``task_id -> dataset item``: line ``k`` of a JSONL file (or item ``k`` of a JSON list),
     or by default the main job's arithmetic prompts for ``seed``."""
     if path is None:
-        from ._run import arithmetic_prompts
+        from ..workflows import arithmetic_prompts
 
         items: list[Any] = arithmetic_prompts(max(task_ids) + 1, seed=seed) if task_ids else []
     else:

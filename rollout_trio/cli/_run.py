@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
-import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +19,7 @@ from .._stats import StatsRecorder
 from .._trajectory import Trajectory
 from ..engines import LocalEngine
 from ..executor import RolloutConfig, TaskOutcome, open_executor
-from ..workflows import rlvr_workflow
+from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -37,30 +35,7 @@ from ._common import (
     run_command,
 )
 
-__all__ = ["arithmetic_prompts", "arithmetic_reward", "run_main"]
-
-
-def arithmetic_prompts(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` single-digit addition questions whose answers are below 10."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a = rng.randint(0, 9)
-        b = rng.randint(0, 9 - a)
-        out.append({"messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": a + b})
-    return out
-
-
-def arithmetic_reward(completion: str, data: Mapping[str, Any]) -> float:
-    """1.0 for the right number, partial credit ``1 - |error| / 10`` for a near miss, 0 otherwise.
-
-    The partial credit keeps the reward informative for a tiny model that guesses.
-    """
-    match = re.search(r"-?\d+", completion)
-    if match is None:
-        return 0.0
-    error = abs(int(match.group()) - int(data["answer"]))
-    return max(0.0, 1.0 - error / 10.0)
+__all__ = ["run_main"]
 
 
 def _parser() -> Parser:

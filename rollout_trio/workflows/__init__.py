@@ -1,11 +1,13 @@
 """Ready-made workflows."""
 
+from ._arithmetic import arithmetic_prompts as arithmetic_prompts
+from ._arithmetic import arithmetic_reward as arithmetic_reward
 from ._multi_turn import MultiTurnWorkflow as MultiTurnWorkflow
 from ._rlvr import RewardFn as RewardFn
 from ._rlvr import RLVRWorkflow as RLVRWorkflow
 from ._rlvr import rlvr_workflow as rlvr_workflow
 
-__all__ = ["RewardFn", "rlvr_workflow"]
+__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RewardFn", "arithmetic_prompts", "arithmetic_reward", "rlvr_workflow"]
 
 from .._util import fixup_module_metadata as _fixup_module_metadata
 
