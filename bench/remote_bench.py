@@ -9,6 +9,8 @@ ratios to aiohttp are printed. Columns:
 
 * ``remote``: ``RemoteEngine.agenerate`` (sglang backend, one HTTP request per call),
   on Trio, with its own transport;
+* ``transport``: the same request sent straight to ``TrioTransport.handle_async_request``
+  (body read, no JSON decoding): the transport's own cost, a ceiling for ``remote``;
 * ``httpx``: ``httpx.AsyncClient.post`` + ``.json()`` on Trio with httpx's default
   transport (httpcore's pool);
 * ``aiohttp``: ``aiohttp.ClientSession.post`` + ``.json()`` on asyncio (the client AReaL
@@ -148,6 +150,36 @@ def bench_remote(url: str, conc: int, seconds: float) -> float:
     return trio.run(main)
 
 
+def bench_transport(url: str, conc: int, seconds: float) -> float:
+    import httpx
+    import trio
+
+    from rollout_trio.engines import TrioTransport
+
+    async def main() -> float:
+        target = httpx.URL(url + "/generate")
+        body = json.dumps(PAYLOAD, separators=(",", ":")).encode()
+        headers = [
+            (b"host", target.netloc),
+            (b"accept", b"application/json"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+        ]
+        transport = TrioTransport()
+        try:
+
+            async def op() -> None:
+                request = httpx.Request("POST", target, headers=headers, content=body)
+                (await transport.handle_async_request(request)).content  # noqa: B018 - read whole
+
+            await op()  # warm up
+            return await _drive(op, conc, seconds)
+        finally:
+            await transport.aclose()
+
+    return trio.run(main)
+
+
 def bench_httpx(url: str, conc: int, seconds: float) -> float:
     import httpx
     import trio
@@ -192,7 +224,7 @@ def bench_aiohttp(url: str, conc: int, seconds: float) -> float:
     return asyncio.run(main())
 
 
-CLIENTS = {"remote": bench_remote, "httpx": bench_httpx, "aiohttp": bench_aiohttp}
+CLIENTS = {"remote": bench_remote, "transport": bench_transport, "httpx": bench_httpx, "aiohttp": bench_aiohttp}
 
 
 def main() -> int:
