@@ -6,7 +6,8 @@ Every path does the same work per completion (chat template, an engine call answ
 the HTTP layer costs:
 
 * direct: the endpoint's chat template, ``engine.agenerate``, decode, no HTTP;
-* in-process httpx: POST /v1/chat/completions over ``httpx.ASGITransport`` (no socket);
+* in-process httpx: POST /v1/chat/completions over ``OpenAIEndpoint.in_process_transport()``
+  (``httpx.ASGITransport``, no socket), the client inline agents get;
 * in-process openai: the same through ``openai.AsyncOpenAI`` (what agents use);
 * loopback: the same app served by Hypercorn's Trio worker on 127.0.0.1, with httpx's
   default pool and with the project's ``TrioTransport``.
@@ -131,7 +132,7 @@ async def main(args: argparse.Namespace) -> None:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     results: dict[str, float] = {}
     results["direct (template + agenerate + decode)"] = await measure(direct(engine, t), n, t, r)
-    transport = httpx.ASGITransport(app=endpoint.app)
+    transport = endpoint.in_process_transport()  # what AgentRolloutWorkflow hands inline agents
     async with httpx.AsyncClient(transport=transport, base_url="http://agent/v1/", timeout=60) as client:
         results["in-process httpx"] = await measure(via_httpx(endpoint, t, client), n, t, r)
         results["in-process openai SDK"] = await measure(via_openai(endpoint, t, client), n, t, r)

@@ -18,6 +18,7 @@ from contextlib import aclosing, contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
+import httpx
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,6 +42,9 @@ __all__ = ["OpenAIEndpoint"]
 logger = logging.getLogger("rollout_trio.agents")
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "length", "tool_calls": "tool_calls"}
+
+#: Scope extension marking a request that runs in its caller's task (see ``in_process_transport``).
+_IN_PROCESS = "rollout_trio.in_process"
 
 
 class OpenAIEndpoint:
@@ -101,6 +105,20 @@ class OpenAIEndpoint:
             ],
             exception_handlers={HTTPException: self._http_error},
         )
+
+    def in_process_transport(self) -> httpx.ASGITransport:
+        """An ``httpx`` transport to :attr:`app` for callers in this Trio run (no socket).
+
+        ``httpx.ASGITransport`` runs the app in the calling task, so a cancelled caller
+        cancels its generation directly: requests through this transport skip the
+        client-disconnect watcher a served app needs. ``ASGITransport(app=endpoint.app)``
+        works too, only slower.
+        """
+        return httpx.ASGITransport(app=self._in_process_app)
+
+    async def _in_process_app(self, scope: Any, receive: Any, send: Any) -> None:
+        scope["extensions"] = {**(scope.get("extensions") or {}), _IN_PROCESS: {}}
+        await self.app(scope, receive, send)
 
     # ---------------------------------------------------------------- sessions
 
@@ -240,13 +258,21 @@ class OpenAIEndpoint:
 
         error: Exception | None = None
         with session.generation_scope():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            if _IN_PROCESS in (request.scope.get("extensions") or ()):
+                # Running in the caller's task: its cancellation (the in-process
+                # "disconnect") reaches the engine call directly, no watcher needed.
                 try:
                     resp = await self.engine.agenerate(mreq)
-                except Exception as exc:  # re-raised below, outside the nursery's exception group
+                except Exception as exc:
                     error = exc
-                nursery.cancel_scope.cancel()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                    try:
+                        resp = await self.engine.agenerate(mreq)
+                    except Exception as exc:  # re-raised below, outside the nursery's exception group
+                        error = exc
+                    nursery.cancel_scope.cancel()
         if isinstance(error, ValueError) and not isinstance(error, WorkflowContractError):
             # UnsupportedRequestError included: a setting or prompt the engine cannot honour.
             raise APIError(400, f"the engine refused the request: {error}") from None
