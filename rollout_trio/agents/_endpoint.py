@@ -103,6 +103,7 @@ class OpenAIEndpoint:
         self.body_timeout = body_timeout
         self._sessions: dict[str, AgentSession] = {}
         self._gconfigs: dict[tuple[int, float | None, float | None], GenerationConfig] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> its text in logprobs (bounded by the vocabulary)
         self.app = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
@@ -328,7 +329,9 @@ class OpenAIEndpoint:
         return message, finish, tokens
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self.tokenizer.decode([token])
+        text = self._token_texts.get(token)
+        if text is None:  # one decode per vocabulary entry, not per token of every completion
+            text = self._token_texts[token] = self.tokenizer.decode([token])
         return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
 
     # ---------------------------------------------------------------- error bodies
