@@ -6,8 +6,13 @@ Every path does the same work per completion (chat template, an engine call answ
 the HTTP layer costs:
 
 * direct: the endpoint's chat template, ``engine.agenerate``, decode, no HTTP;
-* in-process httpx: POST /v1/chat/completions over ``httpx.ASGITransport`` (no socket);
+* in-process httpx: POST /v1/chat/completions over ``OpenAIEndpoint.in_process_transport()``
+  (``httpx.ASGITransport``, no socket), the client inline agents get;
 * in-process openai: the same through ``openai.AsyncOpenAI`` (what agents use);
+* httpx client alone: the same requests to an ASGI app answering a fixed body at once,
+  i.e. what ``httpx.AsyncClient`` + ``ASGITransport`` cost with no endpoint behind them.
+  An in-process completion costs at least that plus a direct one, so
+  ``1 / (1 + direct/alone)`` is the best ratio any endpoint could reach (printed);
 * loopback: the same app served by Hypercorn's Trio worker on 127.0.0.1, with httpx's
   default pool and with the project's ``TrioTransport``.
 
@@ -22,7 +27,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 import httpx
 import openai
@@ -70,6 +76,22 @@ class InstantEngine:
 
 
 Agent = Callable[[int], Awaitable[None]]
+
+_FIXED = b'{"id":"chatcmpl-0","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"42"}}]}'
+
+
+async def fixed_answer_app(
+    scope: MutableMapping[str, Any],
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+) -> None:
+    """An ASGI app that reads the body and answers a fixed completion: the client's own cost."""
+    while (await receive()).get("more_body"):
+        pass
+    await trio.lowlevel.checkpoint()  # as the engine call does
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_FIXED)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": _FIXED})
 
 
 async def run_agents(agents: int, agent: Agent) -> None:
@@ -131,10 +153,12 @@ async def main(args: argparse.Namespace) -> None:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     results: dict[str, float] = {}
     results["direct (template + agenerate + decode)"] = await measure(direct(engine, t), n, t, r)
-    transport = httpx.ASGITransport(app=endpoint.app)
+    transport = endpoint.in_process_transport()  # what AgentRolloutWorkflow hands inline agents
     async with httpx.AsyncClient(transport=transport, base_url="http://agent/v1/", timeout=60) as client:
         results["in-process httpx"] = await measure(via_httpx(endpoint, t, client), n, t, r)
         results["in-process openai SDK"] = await measure(via_openai(endpoint, t, client), n, t, r)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fixed_answer_app), base_url="http://agent/v1/", timeout=60) as client:
+        results["httpx client alone (fixed-answer app)"] = await measure(via_httpx(endpoint, t, client), n, t, r)
     async with trio.open_nursery() as nursery:
         base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
         async with httpx.AsyncClient(base_url=f"{base}/v1/", limits=limits, timeout=60) as client:
@@ -151,6 +175,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'path':<40} {'completions/s':>14} {'vs direct':>10}")
     for name, rate in results.items():
         print(f"{name:<40} {rate:>14.0f} {rate / baseline:>9.2f}x")
+    alone = results["httpx client alone (fixed-answer app)"]
+    print(f"best in-process ratio an httpx client allows: 1 / (1 + direct/alone) = {1 / (1 + baseline / alone):.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The OpenAI-compatible endpoint over plain httpx: shapes, tools, logprobs, sessions, errors."""
 
+from functools import partial
+
 import httpx
 import pytest
 import trio
@@ -298,3 +300,20 @@ async def test_prompt_ids_are_the_chat_template_whatever_the_length(size):
         assert (await post(ep, s.key, {"messages": messages})).status_code == 200
     expected = TOKENIZER.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert list(engine.requests[0].input_ids) == expected
+
+
+async def test_the_in_process_transport_answers_and_a_cancelled_caller_aborts_its_generation():
+    engine = ScriptedEngine(delay=float("inf"))
+    engine.tokenizer = TOKENIZER
+    ep = OpenAIEndpoint(engine)
+    with ep.session() as s:
+        headers = {"authorization": f"Bearer {s.key}"}
+        async with httpx.AsyncClient(transport=ep.in_process_transport(), base_url="http://agent/v1/", headers=headers) as c:
+            assert (await c.get("models")).status_code == 200
+            async with trio.open_nursery() as n:
+                n.start_soon(partial(c.post, "chat/completions", json={"messages": USER}))
+                while not engine.in_flight:
+                    await trio.lowlevel.checkpoint()
+                [rid] = engine.in_flight
+                n.cancel_scope.cancel()
+    assert engine.aborted == [rid] and s.interactions == {}

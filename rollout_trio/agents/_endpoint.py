@@ -13,11 +13,12 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
+import httpx
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,6 +42,14 @@ __all__ = ["OpenAIEndpoint"]
 logger = logging.getLogger("rollout_trio.agents")
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "length", "tool_calls": "tool_calls"}
+
+_CHAT_PATH = "/v1/chat/completions"
+#: Distinct (max_tokens, temperature, top_p) settings whose GenerationConfig is kept.
+_GCONFIG_CACHE = 256
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class OpenAIEndpoint:
@@ -93,14 +102,33 @@ class OpenAIEndpoint:
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self._sessions: dict[str, AgentSession] = {}
+        self._gconfigs: dict[tuple[int, float | None, float | None], GenerationConfig] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> its text in logprobs (bounded by the vocabulary)
         self.app = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
                 Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                # The hot route is plain ASGI (no Request/Response objects per completion).
+                Route("/v1/chat/completions", _ASGIRoute(self._chat_completions), methods=["POST"]),
             ],
             exception_handlers={HTTPException: self._http_error},
         )
+
+    def in_process_transport(self) -> httpx.ASGITransport:
+        """An ``httpx`` transport to :attr:`app` for callers in this Trio run (no socket).
+
+        ``httpx.ASGITransport`` runs the app in the calling task, so a cancelled caller
+        cancels its generation directly: chat completions through this transport go
+        straight to their handler and skip the client-disconnect watcher a served app
+        needs. ``ASGITransport(app=endpoint.app)`` works too, only slower.
+        """
+        return httpx.ASGITransport(app=self._in_process_app)
+
+    async def _in_process_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == _CHAT_PATH and not scope.get("root_path"):
+            await self._chat_completions(scope, receive, send, in_caller=True)
+        else:
+            await self.app(scope, receive, send)
 
     # ---------------------------------------------------------------- sessions
 
@@ -119,8 +147,8 @@ class OpenAIEndpoint:
             s.end()
             del self._sessions[s.key]
 
-    def _authorize(self, request: Request) -> AgentSession:
-        header = request.headers.get("authorization", "")
+    def _authorize(self, header: str) -> AgentSession:
+        """The live session whose key the ``Authorization`` header value carries."""
         scheme, _, key = header.partition(" ")
         session = self._sessions.get(key.strip()) if scheme.lower() == "bearer" else None
         if session is None:
@@ -139,50 +167,62 @@ class OpenAIEndpoint:
 
     async def _models(self, request: Request) -> JSONResponse:
         try:
-            self._authorize(request)
+            self._authorize(request.headers.get("authorization", ""))
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         return JSONResponse(
             {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]}
         )
 
-    async def _read_json(self, request: Request) -> Any:
-        declared = request.headers.get("content-length")
+    async def _read_json(self, declared: str | None, receive: Receive) -> Any:
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise APIError(413, f"body: {declared} bytes is over the limit of {self.max_body_bytes} bytes")
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(self.body_timeout) as deadline:
-            async with aclosing(request.stream()) as stream:
-                async for chunk in stream:
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        raise APIError(413, f"body: over the limit of {self.max_body_bytes} bytes")
-                    chunks.append(chunk)
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":  # http.disconnect: nobody to answer
+                    raise APIError(400, "body: the client disconnected before sending all of it")
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise APIError(413, f"body: over the limit of {self.max_body_bytes} bytes")
+                chunks.append(chunk)
         if deadline.cancelled_caught:
             raise APIError(408, f"body: not received within body_timeout={self.body_timeout} s")
         try:
-            return json.loads(b"".join(chunks))
+            return json.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as exc:
             raise APIError(400, f"body: not valid JSON ({exc})") from None
 
-    async def _chat_completions(self, request: Request) -> JSONResponse:
+    async def _chat_completions(self, scope: Scope, receive: Receive, send: Send, *, in_caller: bool = False) -> None:
+        body: bytes | dict[str, Any]
         try:
-            return await self._complete(request)
+            status, body = 200, await self._complete(scope, receive, in_caller)
         except APIError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
+            status, body = exc.status, exc.body()
         except Exception as exc:  # an engine failure: a 500 body, never a dropped connection
             logger.error("chat completion failed", exc_info=exc)
-            err = APIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
-            return JSONResponse(err.body(), status_code=500)
+            status, body = 500, APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").body()
+        await _send_json(send, status, body)
 
-    async def _complete(self, request: Request) -> JSONResponse:
-        session = self._authorize(request)
-        req = parse_request(await self._read_json(request), max_tokens_limit=self.max_tokens_limit)
+    async def _complete(self, scope: Scope, receive: Receive, in_caller: bool) -> bytes:
+        authorization = ""
+        declared = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                declared = value.decode("latin-1")
+        session = self._authorize(authorization)
+        req = parse_request(await self._read_json(declared, receive), max_tokens_limit=self.max_tokens_limit)
         prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
         rid = uuid.uuid4().hex
         mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer)
-        resp = await self._generate(session, request, mreq)
+        resp = await self._generate(session, receive, mreq, in_caller)
         created = int(time.time())
         message, finish, tokens = self._output_message(req, resp)
         completion_id = f"chatcmpl-{rid}"
@@ -200,7 +240,8 @@ class OpenAIEndpoint:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if req.logprobs:
             choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
-        return JSONResponse(
+        # Encoded here, so a body JSON cannot hold (a NaN logprob) is a 500 like any failure.
+        return _json_bytes(
             {
                 "id": completion_id,
                 "object": "chat.completion",
@@ -218,35 +259,49 @@ class OpenAIEndpoint:
     # ---------------------------------------------------------------- helpers
 
     def _gconfig(self, req: ChatCompletionRequest) -> GenerationConfig:
-        changes: dict[str, Any] = {
-            "n_samples": 1,
-            "max_new_tokens": req.max_completion_tokens or req.max_tokens or self.default_max_tokens,
-        }
-        if req.temperature is not None:
-            changes["temperature"] = req.temperature
-            changes["greedy"] = req.temperature == 0
-        if req.top_p is not None:
-            changes["top_p"] = req.top_p
-        return self.gconfig.new(**changes)
+        """The request's sampling settings over the base ones (built once per combination)."""
+        max_new_tokens = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
+        key = (max_new_tokens, req.temperature, req.top_p)
+        gconfig = self._gconfigs.get(key)
+        if gconfig is None:
+            changes: dict[str, Any] = {"n_samples": 1, "max_new_tokens": max_new_tokens}
+            if req.temperature is not None:
+                changes["temperature"] = req.temperature
+                changes["greedy"] = req.temperature == 0
+            if req.top_p is not None:
+                changes["top_p"] = req.top_p
+            gconfig = self.gconfig.new(**changes)
+            if len(self._gconfigs) >= _GCONFIG_CACHE:
+                self._gconfigs.clear()
+            self._gconfigs[key] = gconfig
+        return gconfig
 
-    async def _generate(self, session: AgentSession, request: Request, mreq: ModelRequest) -> ModelResponse:
+    async def _generate(self, session: AgentSession, receive: Receive, mreq: ModelRequest, in_caller: bool) -> ModelResponse:
         """Run the engine call; a client disconnect or the session's end cancels (aborts) it."""
         resp: ModelResponse | None = None
 
         async def watch_disconnect(cancel: trio.CancelScope) -> None:
-            while (await request.receive())["type"] != "http.disconnect":
+            while (await receive())["type"] != "http.disconnect":
                 pass
             cancel.cancel()
 
         error: Exception | None = None
         with session.generation_scope():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            if in_caller:
+                # Running in the caller's task: its cancellation (the in-process
+                # "disconnect") reaches the engine call directly, no watcher needed.
                 try:
                     resp = await self.engine.agenerate(mreq)
-                except Exception as exc:  # re-raised below, outside the nursery's exception group
+                except Exception as exc:
                     error = exc
-                nursery.cancel_scope.cancel()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                    try:
+                        resp = await self.engine.agenerate(mreq)
+                    except Exception as exc:  # re-raised below, outside the nursery's exception group
+                        error = exc
+                    nursery.cancel_scope.cancel()
         if isinstance(error, ValueError) and not isinstance(error, WorkflowContractError):
             # UnsupportedRequestError included: a setting or prompt the engine cannot honour.
             raise APIError(400, f"the engine refused the request: {error}") from None
@@ -274,7 +329,9 @@ class OpenAIEndpoint:
         return message, finish, tokens
 
     def _token_logprob(self, token: int, logprob: float) -> dict[str, Any]:
-        text = self.tokenizer.decode([token])
+        text = self._token_texts.get(token)
+        if text is None:  # one decode per vocabulary entry, not per token of every completion
+            text = self._token_texts[token] = self.tokenizer.decode([token])
         return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
 
     # ---------------------------------------------------------------- error bodies
@@ -283,6 +340,28 @@ class OpenAIEndpoint:
         assert isinstance(exc, HTTPException)
         err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
         return JSONResponse(err.body(), status_code=exc.status_code)
+
+
+class _ASGIRoute:
+    """A plain ASGI callable, so Starlette's ``Route`` calls it as is (not as a request handler)."""
+
+    def __init__(self, handler: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+def _json_bytes(body: Any) -> bytes:
+    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
+
+
+async def _send_json(send: Send, status: int, body: bytes | dict[str, Any]) -> None:
+    data = body if isinstance(body, bytes) else _json_bytes(body)
+    headers = [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 def _offered_tools(req: ChatCompletionRequest) -> tuple[Tool, ...]:

@@ -54,6 +54,9 @@ class AgentSession:
         self.ended = False
         self._in_flight: set[trio.CancelScope] = set()
         self._discounted = False
+        # Completion id -> the message keys its conversation continues from (its messages
+        # plus output), computed once: find_parent compares against every earlier one.
+        self._prefix_keys: dict[str, list[tuple[Any, ...]]] = {}
 
     def __repr__(self) -> str:
         return f"<AgentSession {self.label!r} {len(self.interactions)} interactions{' ended' if self.ended else ''}>"
@@ -65,9 +68,11 @@ class AgentSession:
         keys = [_message_key(m) for m in messages]
         best: Interaction | None = None
         best_len = -1
-        for inter in self.interactions.values():
-            prefix = [_message_key(m) for m in [*inter.messages, *(inter.output_message_list or ())]]
-            if len(prefix) > best_len and len(prefix) <= len(keys) and keys[: len(prefix)] == prefix:
+        for cid, inter in self.interactions.items():
+            prefix = self._prefix_keys.get(cid)
+            if prefix is None:
+                prefix = self._prefix_keys[cid] = [_message_key(m) for m in [*inter.messages, *(inter.output_message_list or ())]]
+            if best_len < len(prefix) <= len(keys) and keys[: len(prefix)] == prefix:
                 best, best_len = inter, len(prefix)
         return best
 

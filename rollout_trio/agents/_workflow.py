@@ -160,8 +160,7 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         return result
 
     async def _run_inline(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
-        transport = httpx.ASGITransport(app=endpoint.app)
-        async with httpx.AsyncClient(transport=transport, base_url=_IN_PROCESS_URL, timeout=None) as client:
+        async with httpx.AsyncClient(transport=endpoint.in_process_transport(), base_url=_IN_PROCESS_URL, timeout=None) as client:
             return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
 
     async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
