@@ -197,14 +197,18 @@ async def test_contract_error_inside_a_group_stops_the_executor() -> None:
 
 
 async def test_contract_error_seen_only_at_exit_raises_there() -> None:
+    returned = trio.Event()
+
     async def bad(engine: Any, data: Any) -> Any:
+        returned.set()
         return 42
 
     async with ScriptedEngine() as engine:
         with pytest.raises(ExecutorFailed):
             async with ex_of(engine) as ex:
                 ex.submit({}, bad)
-                await trio.sleep(0.01)
+                await returned.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the executor has judged the result; no call sees it
 
 
 async def test_64_check_trajectory_format_tracks_keys() -> None:
