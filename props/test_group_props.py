@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import trio
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rollout_trio import Interaction, ModelRequest, ModelResponse, WorkflowContractError, run_group, workflow_context
@@ -174,6 +174,12 @@ def oracle(refs: list[float], use_std: bool) -> tuple[list[float], float, float]
     return [(r - mean) / divisor for r in refs], mean, divisor
 
 
+def overflows(refs: list[float], use_std: bool) -> bool:
+    """Whether an exact normalized value lies beyond float32's range by more than rounding
+    (possible when centring without the std divisor, with rewards near the limit)."""
+    return any(abs(v) > F32_MAX * (1 + 2**-20) for v in oracle(refs, use_std)[0])
+
+
 def check_normalized(out: list[float], refs: list[float], use_std: bool) -> None:
     """Finite, close to the oracle, and never a silent 0 when the references differ."""
     assert all(math.isfinite(x) for x in out), out
@@ -189,18 +195,28 @@ def check_normalized(out: list[float], refs: list[float], use_std: bool) -> None
         assert any(x != 0.0 for x in out), (out, refs)
 
 
+# Found by CI-length runs: float32 rounding of an input carried its centred value a hair
+# past float32's range, which came out as -inf; that now saturates.
+@example(rewards=[1.7014117838986642e38, 1.7014118853107118e38, -3.402823364973241e38], use_std=False)
+@example(rewards=[F32_MAX, F32_MAX, -F32_MAX], use_std=False)  # truly beyond: an error
 @given(st.integers(2, 6).flatmap(lambda g: st.lists(rst.any_rewards(), min_size=g, max_size=g)), st.booleans())
 async def test_interaction_rewards_normalize_to_finite_values_or_name_the_bad_slot(rewards, use_std):
     """With reward_normalization on, interaction rewards drawn from NaN, infinities, huge
     and tiny magnitudes either raise WorkflowContractError naming the first slot whose
-    reward is not a finite float32, or normalize to finite values matching an exact
-    oracle, never all 0 when the rewards differ."""
+    reward is not a finite float32 (or whose normalized value float32 cannot hold), or
+    normalize to finite values matching an exact oracle, never all 0 when the rewards
+    differ."""
     resp = ModelResponse(input_tokens=[1], output_tokens=[2], output_logprobs=[-0.5], output_versions=[0])
     slots = [{f"c{i}": Interaction(model_response=resp, reward=r)} for i, r in enumerate(rewards)]
     bad = [i for i, r in enumerate(rewards) if bad_reward(r)]
     wf = planned_results(slots)
     if bad:
         with pytest.raises(WorkflowContractError, match=f"^slot {bad[0]}: "):
+            await run_group(wf, ScriptedEngine(), {}, len(rewards), reward_normalization=True,
+                            reward_normalization_use_std=use_std, stats=StatsRecorder())
+        return
+    if overflows(rewards, use_std):
+        with pytest.raises(WorkflowContractError, match=r"^slot \d+: 'reward': .*beyond float32's range"):
             await run_group(wf, ScriptedEngine(), {}, len(rewards), reward_normalization=True,
                             reward_normalization_use_std=use_std, stats=StatsRecorder())
         return
@@ -226,6 +242,10 @@ async def test_row_rewards_normalize_to_finite_values_or_name_the_bad_slot(rewar
     wf = planned_results(slots)
     if bad:
         with pytest.raises(WorkflowContractError, match=f"^slot {bad[0]}: 'rewards'"):
+            await run_group(wf, ScriptedEngine(), {}, len(rewards), stats=StatsRecorder(), **options)
+        return
+    if options["reward_normalization"] and overflows(rewards, options["reward_normalization_use_std"]):
+        with pytest.raises(WorkflowContractError, match=r"^slot \d+: 'rewards': .*beyond float32's range"):
             await run_group(wf, ScriptedEngine(), {}, len(rewards), stats=StatsRecorder(), **options)
         return
     out = await run_group(wf, ScriptedEngine(), {}, len(rewards), stats=StatsRecorder(), **options)

@@ -232,11 +232,19 @@ def _normalize_interactions(usable: list[Mapping[str, Interaction]], slots: list
             )
         refs.append(rewards.pop())
     mean, scale = _affine(refs, policy)
-    for rollout, ref in zip(usable, refs):
-        norm_ref = float(rollout_time_apply(ref, mean, scale))
-        for x in rollout.values():
+    normalized = []  # every value first, so an overflow leaves no interaction half-normalized
+    for rollout, ref, slot in zip(usable, refs, slots):
+        try:
+            normalized.append(
+                (float(rollout_time_apply(ref, mean, scale)),
+                 [float(rollout_time_apply(x.reward, mean, scale)) for x in rollout.values()])
+            )
+        except ValueError as exc:
+            raise WorkflowContractError(f"slot {slot}: 'reward': {exc}") from None
+    for rollout, (norm_ref, norm) in zip(usable, normalized):
+        for x, value in zip(rollout.values(), norm):
             x.original_reward = x.reward
-            x.reward = float(rollout_time_apply(x.reward, mean, scale))
+            x.reward = value
             x.rollout_reward = norm_ref
             cache = x.cache
             if cache is not None and cache.rewards is not None:
@@ -277,8 +285,12 @@ def _normalize_rows(merged: Trajectory, slots: list[int], policy: GroupPolicy) -
     else:
         refs = torch.tensor(_row_references(rewards, group, slots), dtype=torch.float64)
     mean, scale = _affine(refs, policy)
-    norm_rows = rollout_time_apply(rewards, mean, scale)
-    norm_refs = norm_rows if refs is rewards else rollout_time_apply(refs, mean, scale)
+    try:
+        norm_refs = rollout_time_apply(refs, mean, scale)
+    except ValueError as exc:  # one reference per slot: the farthest from the mean overflowed
+        k = int(((refs.to(torch.float32).double() - mean.double()) / scale.double()).abs().argmax())
+        raise WorkflowContractError(f"slot {slots[k]}: 'rewards': {exc}") from None
+    norm_rows = norm_refs if refs is rewards else rollout_time_apply(rewards, mean, scale)
     return merged._replace_unchecked(
         original_rewards=rewards.clone(),
         rewards=norm_rows.to(rewards.dtype),

@@ -47,6 +47,7 @@ _F64 = torch.float64
 _ROLLOUT_EPS = 1e-8
 _ONE32 = torch.ones((), dtype=torch.float32)
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_OVERFLOW_MARGIN = _FLOAT32_MAX * (1 + 2**-20)  # well past float32 rounding (2**-24)
 _SPLIT_ROWS_MESSAGE = (
     "Split rollout row rewards differ; supply an explicit rollout_reward for reward normalization."
 )
@@ -361,9 +362,21 @@ def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> 
     :func:`rollout_time_affine`. ``values`` is first rounded to float32 (the dtype
     rewards have in a batch), so equal references give exactly 0. Returns a float32
     tensor shaped like ``values`` (0-d for a Python number).
+
+    Raises:
+        ValueError: a normalized value lies beyond float32's range (more than rounding).
     """
     v = torch.as_tensor(values).to(torch.float32).to(_F64)
-    return ((v - mean.to(_F64)) / scale.to(_F64)).to(torch.float32)
+    out = (v - mean.to(_F64)) / scale.to(_F64)
+    over = out.abs() > _FLOAT32_MAX
+    if bool(over.any()):
+        # Rounding the inputs to float32 can carry a result a hair past float32's range:
+        # that saturates. A result truly beyond it (centring, without the std divisor,
+        # rewards near the limit) cannot be returned and is an error, never an infinity.
+        if bool((out.abs() > _OVERFLOW_MARGIN).any()):
+            raise ValueError(f"normalized rewards {out[over].tolist()!r} lie beyond float32's range")
+        out = out.clamp(-_FLOAT32_MAX, _FLOAT32_MAX)
+    return out.to(torch.float32)
 
 
 # --------------------------------------------------------------------------- public: advantages
