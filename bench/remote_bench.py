@@ -31,21 +31,8 @@ from collections.abc import Awaitable, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-TOKENS = list(range(100, 116))
-BODY = json.dumps(
-    {
-        "text": "",
-        "output_ids": TOKENS,
-        "meta_info": {
-            "id": "bench",
-            "finish_reason": {"type": "length", "length": len(TOKENS)},
-            "prompt_tokens": 8,
-            "completion_tokens": len(TOKENS),
-            "weight_version": "default",
-            "output_token_logprobs": [[-0.25, t, None] for t in TOKENS],
-        },
-    }
-).encode()
+from bench.work import GENERATE_BODY as BODY  # noqa: E402 - the fixed answer python -m bench serves too
+
 PAYLOAD = {"rid": "x", "input_ids": list(range(8)), "sampling_params": {"max_new_tokens": 16}, "return_logprob": True}
 
 
