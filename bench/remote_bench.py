@@ -31,63 +31,13 @@ from collections.abc import Awaitable, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.work import GENERATE_BODY as BODY  # noqa: E402 - the fixed answer python -m bench serves too
+# The fixed-answer loopback server (and its body) that python -m bench serves too.
+from bench.work import serve_fixed as serve  # noqa: E402
 
 PAYLOAD = {"rid": "x", "input_ids": list(range(8)), "sampling_params": {"max_new_tokens": 16}, "return_logprob": True}
 
 
 # --------------------------------------------------------------------------- server
-
-
-def serve(port_file: str) -> None:
-    """A keep-alive HTTP/1.1 server answering every request with ``BODY`` (asyncio)."""
-    import asyncio
-
-    ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY) + BODY
-    empty = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
-    info_body = b'{"weight_version":"default"}'
-    info = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(
-        info_body
-    ) + info_body  # what RemoteEngine reads its version from at start
-
-    class Proto(asyncio.Protocol):
-        def connection_made(self, transport):  # type: ignore[no-untyped-def]
-            self.t = transport
-            self.buf = b""
-
-        def data_received(self, data: bytes) -> None:
-            self.buf += data
-            while True:
-                end = self.buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = self.buf[:end].decode("latin-1")
-                length = 0
-                for line in head.split("\r\n")[1:]:
-                    k, _, v = line.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v)
-                if len(self.buf) < end + 4 + length:
-                    return
-                self.buf = self.buf[end + 4 + length :]
-                if head.startswith("POST /generate"):
-                    self.t.write(ok)
-                else:
-                    self.t.write(info if head.startswith("GET /get_model_info") else empty)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(Proto, "127.0.0.1", 0, backlog=1024)
-        _write_port(port_file, server.sockets[0].getsockname()[1])
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
-def _write_port(port_file: str, port: int) -> None:
-    with open(port_file + ".tmp", "w") as f:
-        f.write(str(port))
-    os.replace(port_file + ".tmp", port_file)
 
 
 # --------------------------------------------------------------------------- clients
