@@ -21,6 +21,7 @@ from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
 from .executor import ExecutorFailed as ExecutorFailed
+from .executor import ExecutorObserver as ExecutorObserver
 from .executor import RolloutConfig as RolloutConfig
 from .executor import RolloutExecutor as RolloutExecutor
 from .executor import SyncRolloutExecutor as SyncRolloutExecutor
@@ -64,6 +65,7 @@ __all__ = [
     "EngineServerError",
     "EngineTimeoutError",
     "ExecutorFailed",
+    "ExecutorObserver",
     "GenerationConfig",
     "GroupedRolloutWorkflow",
     "GroupRolloutError",

@@ -15,6 +15,7 @@ from ._executor import ExecutorStatistics as ExecutorStatistics
 from ._executor import RolloutExecutor as RolloutExecutor
 from ._executor import TaskOutcome as TaskOutcome
 from ._executor import open_executor as open_executor
+from ._observer import ExecutorObserver as ExecutorObserver
 from ._staleness import RolloutStat as RolloutStat
 from ._staleness import StalenessManager as StalenessManager
 from ._sync import SyncRolloutExecutor as SyncRolloutExecutor

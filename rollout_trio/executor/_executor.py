@@ -24,7 +24,7 @@ import heapq
 import logging
 import math
 import sys
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,6 +40,7 @@ from .._check import check_trajectory_format
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ._config import RolloutConfig
+from ._observer import ExecutorObserver, notify, oldest_version
 from ._staleness import StalenessManager
 
 if TYPE_CHECKING:
@@ -156,8 +157,10 @@ class RolloutExecutor:
         dp_size: int = 1,
         dumper: Any = None,
         stats: StatsRecorder | None = None,
+        observers: Sequence[ExecutorObserver] = (),
     ) -> None:
         self.engine = engine
+        self._observers = tuple(observers)
         self.config = config
         self.staleness = StalenessManager.for_data_parallel(
             engine,
@@ -293,6 +296,8 @@ class RolloutExecutor:
         self._pending.append(task)
         self._submitted += 1
         self.staleness.on_rollout_enqueued()
+        if self._observers:
+            notify(self._observers, "task_queued", tid, is_eval=task.is_eval, time=trio.current_time())
         self._notify()
         return task
 
@@ -425,6 +430,8 @@ class RolloutExecutor:
         assert scope is not None
         task.start_time = trio.current_time()
         task.start_version = self.engine.get_version()
+        if self._observers:
+            notify(self._observers, "task_started", task.task_id, version=task.start_version, time=task.start_time)
         if self.config.episode_timeout is not None:
             scope.deadline = task.start_time + self.config.episode_timeout
         outcome: tuple[Status, str | None, Result | None] = ("cancelled", "cancelled", None)
@@ -526,6 +533,11 @@ class RolloutExecutor:
             else:
                 del self._tasks[task.task_id]
                 self._remember(task.task_id, status)
+        if self._observers:
+            notify(
+                self._observers, "task_finished", task.task_id,
+                status=status, reason=reason, result=result, time=trio.current_time(),
+            )
         if task.callback is not None:
             try:
                 task.callback(TaskOutcome(task.task_id, status, reason, result, task.data))
@@ -547,6 +559,11 @@ class RolloutExecutor:
         self._buffered -= 1
         self._accepted += 1
         result, task.result = task.result, None
+        if self._observers:
+            version = self.engine.get_version()
+            oldest = oldest_version(result)
+            lag = 0 if oldest is None else max(0, version - oldest)
+            notify(self._observers, "task_consumed", task.task_id, version=version, lag=lag, time=trio.current_time())
         return result
 
     def _close(self) -> None:
@@ -934,6 +951,7 @@ async def open_executor(
     tokenizer: Any = None,
     dumper: Any = None,
     stats: StatsRecorder | None = None,
+    observers: Sequence[ExecutorObserver] = (),
     **overrides: Any,
 ) -> AsyncIterator[RolloutExecutor]:
     """Run a :class:`RolloutExecutor` for the ``async with`` block.
@@ -941,7 +959,8 @@ async def open_executor(
     ``config`` is a :class:`RolloutConfig` or a mapping; keyword ``overrides`` replace its
     keys. ``dp_size`` divides concurrency and batch size among data-parallel trainer
     ranks. ``tokenizer`` decodes dumps (``dump_to_file``); ``dumper`` replaces the
-    default :class:`TrajectoryDumper`. The engine must already be open.
+    default :class:`TrajectoryDumper`. The engine must already be open. ``observers``
+    (:class:`ExecutorObserver`) see every task transition: metrics and traces hang here.
 
     Leaving the block (normally, by an error or by cancellation) cancels queued and
     running tasks, aborting their generations, and flushes dumps. If the executor
@@ -949,7 +968,7 @@ async def open_executor(
     """
     cfg = RolloutConfig.coerce(config, **overrides)
     dumper = _make_dumper(cfg, tokenizer, dumper)
-    ex = RolloutExecutor(engine, cfg, dp_size=dp_size, dumper=dumper, stats=stats)
+    ex = RolloutExecutor(engine, cfg, dp_size=dp_size, dumper=dumper, stats=stats, observers=observers)
     body_error: BaseException | None = None
     async with dumper if dumper is not None else nullcontext():
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,72 @@
+"""Observers: what metrics, traces and live views learn about each task's life.
+
+An observer is any object with the methods of :class:`ExecutorObserver` (all optional to
+act on, all required to exist). The executor calls them synchronously on the Trio thread,
+at the instant the task moves (no checkpoint in between), so an observer sees every
+transition exactly once and in order: ``queued``, then ``started`` (unless the task is
+cancelled while queued), then ``finished``, then ``consumed`` for an accepted task that a
+trainer call took. ``time`` is ``trio.current_time()``. An observer must not block; an
+exception it raises is logged and never reaches the executor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = ["ExecutorObserver", "Status", "notify", "oldest_version"]
+
+logger = logging.getLogger("rollout_trio.executor")
+
+Status = Literal["accepted", "rejected", "failed", "cancelled"]
+
+
+@runtime_checkable
+class ExecutorObserver(Protocol):
+    """Receives every task transition of one executor (see the module docstring)."""
+
+    def task_queued(self, task_id: int, *, is_eval: bool, time: float) -> None:
+        """``task_id`` was submitted and waits for capacity."""
+
+    def task_started(self, task_id: int, *, version: int, time: float) -> None:
+        """Its workflow started while the engine was at ``version``."""
+
+    def task_finished(self, task_id: int, *, status: Status, reason: str | None, result: Any, time: float) -> None:
+        """It ended; ``result`` is the trajectory for accepted (and filter-rejected) tasks."""
+
+    def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
+        """A trainer call took its result at engine ``version``; ``lag`` is how many
+        versions its oldest token is behind (0 when it carries no versions)."""
+
+
+def notify(observers: Sequence[ExecutorObserver], method: str, *args: Any, **kwargs: Any) -> None:
+    """Call ``method`` on every observer, logging (never raising) what they raise."""
+    for observer in observers:
+        try:
+            getattr(observer, method)(*args, **kwargs)
+        except Exception:
+            logger.exception("Executor observer %r failed in %s.", observer, method)
+
+
+def oldest_version(result: Any) -> int | None:
+    """The lowest weight version of any output token in ``result`` (None when none has one).
+
+    ``result`` is a :class:`~rollout_trio.Trajectory` or a dict of interactions.
+    """
+    from .._trajectory import Trajectory
+
+    if isinstance(result, Trajectory):
+        if result.versions is None:
+            return None
+        kept = result.versions[result.versions >= 0]
+        return int(kept.min()) if kept.numel() else None
+    if isinstance(result, dict):
+        found = [
+            v
+            for item in result.values()
+            for v in getattr(getattr(item, "model_response", None), "output_versions", ()) or ()
+            if v >= 0
+        ]
+        return min(found) if found else None
+    return None
