@@ -23,8 +23,8 @@ task_specs = st.tuples(st.integers(0, 3), st.booleans(), st.sampled_from(KINDS))
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), task_specs),
-        st.tuples(st.just("wait"), st.integers(1, 3)),
-        st.tuples(st.just("wait_for"), st.integers(0, 12)),
+        st.tuples(st.just("wait"), st.tuples(st.integers(1, 3), st.integers(0, 4))),
+        st.tuples(st.just("wait_for"), st.tuples(st.integers(0, 12), st.integers(0, 4))),
         st.tuples(st.just("cancel"), st.integers(0, 12)),
         st.tuples(st.just("pause"), st.none()),
         st.tuples(st.just("resume"), st.none()),
@@ -52,9 +52,11 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
     """Invariant: at every instant ``submitted == accepted + rejected + failed + cancelled +
     queued + running + buffered``; every task ends exactly once (one callback); every
     trajectory accepted is either delivered exactly once or still buffered at the end;
-    buffered never exceeds queue_size — under random workflow failures, rejections (None,
-    ``{}``, should_accept_fn), cancellations, pauses, version bumps, and rollout_batch /
-    prepare_batch calls abandoned part-way by a timeout."""
+    buffered never exceeds queue_size; no training trajectory is handed out more than
+    ``max_head_offpolicyness`` versions behind the version at that instant — under random
+    workflow failures, rejections (None, ``{}``, should_accept_fn), cancellations, pauses,
+    version bumps, and *every* consumer call (wait, wait_for_task, rollout_batch,
+    prepare_batch) cancelled at a random instant, often the very instant a task finishes."""
     delivered: list[int] = []
     outcomes: list[TaskOutcome] = []
     violations: list[str] = []
@@ -87,27 +89,43 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
                     return None
                 if kind == "empty":
                     return {}
-                return Trajectory.from_dict(
-                    {"input_ids": torch.tensor([[tid]]), "attention_mask": torch.tensor([[True]])}
+                return Trajectory.from_dict(  # one output token, of the version at the end
+                    {
+                        "input_ids": torch.tensor([[tid, 0]]),
+                        "attention_mask": torch.tensor([[True, True]]),
+                        "loss_mask": torch.tensor([[0, 1]]),
+                        "versions": torch.tensor([[-1, engine.get_version()]]),
+                    }
                 )
 
             def reject_filtered(traj: Trajectory) -> bool:
                 return kinds[int(traj.input_ids[0, 0])] != "filter"
 
             def take(results: list[Any]) -> None:
-                delivered.extend(int(t.input_ids[0, 0]) for t in results if t is not None)
+                # Called with no checkpoint after the consumer call returned: this is its instant.
+                now = ex.get_version()
+                for t in results:
+                    if t is None:
+                        continue
+                    delivered.append(int(t.input_ids[0, 0]))
+                    if now - int(t.versions[0, 1]) > config["max_head_offpolicyness"]:
+                        violations.append(f"task {int(t.input_ids[0, 0])} of version {int(t.versions[0, 1])} consumed at {now}")
 
             for op, arg in ops:
                 check(ex, op)
                 if op == "submit":
                     ex.submit(arg, wf, should_accept_fn=reject_filtered, callback=outcomes.append)
                 elif op == "wait":
-                    take(await ex.wait(arg, timeout=3, raise_timeout=False))
+                    count, limit = arg
+                    with trio.move_on_after(limit):  # cancelled from outside, not its own timeout
+                        take(await ex.wait(count))
                 elif op == "wait_for":
-                    try:
-                        take([await ex.wait_for_task(arg, timeout=3, raise_timeout=False)])
-                    except ValueError:
-                        pass  # never submitted, or already taken
+                    tid, limit = arg
+                    with trio.move_on_after(limit):
+                        try:
+                            take([await ex.wait_for_task(tid)])
+                        except ValueError:
+                            pass  # never submitted, already taken, or owned by a batch call
                 elif op == "cancel":
                     ex.cancel(arg)
                 elif op == "pause" and not ex.paused:
@@ -121,11 +139,17 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
                 elif op == "batch":
                     specs, limit = arg
                     with trio.move_on_after(limit):
-                        take(await ex.rollout_batch(specs, wf, should_accept_fn=reject_filtered, callback=outcomes.append, progress=False))
+                        try:
+                            take(await ex.rollout_batch(specs, wf, should_accept_fn=reject_filtered, callback=outcomes.append, progress=False))
+                        except ValueError as exc:  # a batch the budget can never start: refused at once, nothing queued
+                            assert "can never" in str(exc), exc
                 elif op == "prepare":
                     size, limit = arg
                     with trio.move_on_after(limit):
-                        take(await ex.prepare_batch(SOURCE, wf, batch_size=size, callback=outcomes.append, progress=False))
+                        try:
+                            take(await ex.prepare_batch(SOURCE, wf, batch_size=size, callback=outcomes.append, progress=False))
+                        except ValueError as exc:
+                            assert "can never" in str(exc), exc
                 check(ex, op)
             if ex.paused:
                 await ex.resume()
@@ -139,7 +163,7 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
         by_status = {s: sum(o.status == s for o in outcomes) for s in ("accepted", "rejected", "failed", "cancelled")}
         assert by_status["rejected"] == final.rejected and by_status["failed"] == final.failed
         assert by_status["cancelled"] == final.cancelled
-        assert by_status["accepted"] == final.accepted + final.buffered
+        assert by_status["accepted"] == final.accepted + final.buffered + final.stale + final.discarded
         # No accepted trajectory delivered twice, none lost.
         accepted_ids = {o.task_id for o in outcomes if o.status == "accepted"}
         assert len(delivered) == len(set(delivered)) == final.accepted

@@ -16,6 +16,7 @@ from ._errors import EngineProtocolError as EngineProtocolError
 from ._errors import EngineServerError as EngineServerError
 from ._errors import EngineTimeoutError as EngineTimeoutError
 from ._errors import GroupRolloutError as GroupRolloutError
+from ._errors import RewardValueError as RewardValueError
 from ._errors import RolloutError as RolloutError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
@@ -78,6 +79,7 @@ __all__ = [
     "OpenAIEndpoint",
     "RewardFunction",
     "RewardTimeoutError",
+    "RewardValueError",
     "RLVRWorkflow",
     "RolloutConfig",
     "RolloutError",

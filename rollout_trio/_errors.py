@@ -4,6 +4,7 @@ The hierarchy::
 
     RolloutError
     ├── WorkflowContractError (also a ValueError)   a workflow result breaks the contract
+    │   └── RewardValueError                         a reward is NaN, infinite or not a number
     ├── EngineError                                  an inference engine call failed
     │   ├── EngineConnectError                       the server could not be reached
     │   ├── EngineTimeoutError                       a deadline passed
@@ -30,6 +31,7 @@ __all__ = [
     "EngineServerError",
     "EngineTimeoutError",
     "GroupRolloutError",
+    "RewardValueError",
     "RolloutError",
     "UnsupportedRequestError",
     "VersionMismatchError",
@@ -46,6 +48,14 @@ class WorkflowContractError(RolloutError, ValueError):
 
     The message names the key, the rule and what was expected and found. It is a
     bug in the workflow, not bad luck, so executors never swallow it.
+    """
+
+
+class RewardValueError(WorkflowContractError):
+    """A reward *value* is NaN, infinite, a bool or not a real number.
+
+    Bad luck in one episode (a reward function that divided by zero), not a malformed
+    result: the executor rejects that task (reason ``"invalid_reward"``) instead of stopping.
     """
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from ._errors import WorkflowContractError
+from ._errors import RewardValueError, WorkflowContractError
 
 __all__ = ["FLOAT32_MAX", "RolloutGroup", "as_reward_scalar"]
 
@@ -28,7 +28,7 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
     if type(value) is float and -FLOAT32_MAX <= value <= FLOAT32_MAX:  # the common case, without ABC checks
         return value
     if isinstance(value, bool) or (hasattr(value, "dtype") and str(value.dtype) == "bool"):
-        raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
+        raise RewardValueError(f"{what}: must be a finite real number, not a bool, got {value!r}")
     if hasattr(value, "ndim") and hasattr(value, "item"):  # torch tensor or numpy array/scalar
         if value.ndim != 0:
             raise WorkflowContractError(
@@ -36,14 +36,14 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
             )
         value = value.item()
         if isinstance(value, bool):
-            raise WorkflowContractError(f"{what}: must be a finite real number, not a bool, got {value!r}")
+            raise RewardValueError(f"{what}: must be a finite real number, not a bool, got {value!r}")
     if not isinstance(value, numbers.Real):
-        raise WorkflowContractError(
+        raise RewardValueError(
             f"{what}: must be a finite real number, got {type(value).__name__} {value!r}"
         )
     out = float(value)
     if not math.isfinite(out):
-        raise WorkflowContractError(f"{what}: rollout_reward must be finite, got {out!r}")
+        raise RewardValueError(f"{what}: rollout_reward must be finite, got {out!r}")
     if abs(out) > FLOAT32_MAX:
         raise WorkflowContractError(
             f"{what}: must fit in float32 (|reward| <= {FLOAT32_MAX:.7g}), got {out!r}"

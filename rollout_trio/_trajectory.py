@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from ._errors import WorkflowContractError
+from ._errors import RewardValueError, WorkflowContractError
 from ._rollout_group import FLOAT32_MAX, RolloutGroup, as_reward_scalar
 
 if TYPE_CHECKING:
@@ -109,7 +109,10 @@ def _validate_values(t: Trajectory, where: str) -> None:
             continue
         lo, hi = _bounds(value)
         if not (math.isfinite(lo) and math.isfinite(hi)):
-            raise _fail(where, key, "values must be finite", "finite values", "NaN or inf")
+            error = _fail(where, key, "values must be finite", "finite values", "NaN or inf")
+            if key == "logprobs":
+                raise error
+            raise RewardValueError(str(error))
         if key != "logprobs" and max(-lo, hi) > FLOAT32_MAX:
             raise _fail(where, key, "rewards must fit in float32", f"|values| <= {FLOAT32_MAX:.7g}", f"min {lo}, max {hi}")
         if key == "logprobs" and hi > 1e-6:
@@ -290,7 +293,7 @@ class Trajectory:
             return cls(**known, extras=extras)
         except WorkflowContractError as exc:
             if where:
-                raise WorkflowContractError(f"{where}{exc}") from None
+                raise type(exc)(f"{where}{exc}") from None  # a RewardValueError stays one
             raise
 
     @classmethod

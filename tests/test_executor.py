@@ -59,7 +59,7 @@ async def test_57_wait_for_task_unknown_or_consumed() -> None:
         ex.submit({}, gen_workflow)
         (traj,) = await ex.wait(1)
         assert isinstance(traj, Trajectory)
-        with pytest.raises(ValueError, match="Task 0 is never submitted."):
+        with pytest.raises(ValueError, match="Task 0: its result was already taken"):
             await ex.wait_for_task(0)
 
 

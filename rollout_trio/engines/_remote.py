@@ -82,6 +82,10 @@ class RemoteEngine:
         seed: seeds the routing start and the backoff jitter.
     """
 
+    # The servers own the weight version (only update_weights changes it): an executor's
+    # set_version announces the trainer's version without re-pinning this client.
+    servers_own_version = True
+
     def __init__(
         self,
         addresses: str | Sequence[str],

@@ -109,6 +109,12 @@ class StalenessManager:
             self._running -= 1
             self._rejected += 1
 
+    def on_rollout_discarded(self) -> None:
+        """An accepted rollout was dropped before the trainer took it (stale): its budget returns."""
+        with self._lock:
+            self._accepted -= 1
+            self._rejected += 1
+
     def on_rollout_submission_rolled_back(self) -> None:
         """A start was undone: the input is queued again."""
         with self._lock:

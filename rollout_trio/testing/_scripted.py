@@ -36,11 +36,15 @@ class ScriptedEngine:
     default :func:`echo_response`. ``delay`` seconds pass before each answer. A call
     cancelled while in flight is recorded in :attr:`aborted` (the rid), the way a real
     engine sends a server-side abort; finished calls are in :attr:`completed`.
+    ``control_delay`` seconds pass in :meth:`pause` and :meth:`resume` before they act,
+    like a fan-out to remote servers. Pauses do not nest: one :meth:`resume` releases
+    every held request, and :meth:`update_weights` leaves a pause in effect.
     """
 
-    def __init__(self, script: Script | None = None, *, delay: float = 0.0) -> None:
+    def __init__(self, script: Script | None = None, *, delay: float = 0.0, control_delay: float = 0.0) -> None:
         self.script = script
         self.delay = delay
+        self.control_delay = control_delay
         self.version = 0
         self.requests: list[ModelRequest] = []
         self.completed: list[str] = []
@@ -63,21 +67,29 @@ class ScriptedEngine:
         """Set the weight version."""
         self.version = version
 
+    @property
+    def paused(self) -> bool:
+        """Whether answers are held."""
+        return not self._resumed.is_set()
+
     async def pause(self) -> None:
         """Hold new answers until :meth:`resume`."""
-        self._resumed = trio.Event()
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.control_delay)
+        if self._resumed.is_set():  # already paused: the requests held keep waiting on the same event
+            self._resumed = trio.Event()
 
     async def resume(self) -> None:
         """Release held answers."""
+        await trio.sleep(self.control_delay)
         self._resumed.set()
-        await trio.lowlevel.checkpoint()
 
     async def update_weights(self, source: WeightsSource, version: int) -> None:
-        """Pretend to load ``source``; set ``version``."""
+        """Pretend to load ``source``; set ``version``. A pause in effect stays in effect."""
+        was_paused = self.paused
         await self.pause()
         self.set_version(version)
-        await self.resume()
+        if not was_paused:
+            await self.resume()
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Answer ``req`` per the script, recording the call, its completion or its abort."""
