@@ -57,6 +57,9 @@ class RolloutConfig:
             are seen at once).
         dump_to_file, fileroot, experiment_name, trial_name: JSONL trajectory dumps under
             ``{fileroot}/{experiment_name}/{trial_name}/``.
+        seed: seed every task's sampling as :func:`workflow_context.use_seed` does (a
+            ``use_seed`` around the submitting call wins), and hand ``prepare_batch``
+            results out in the source's order: every run gets the same batches.
     """
 
     consumer_batch_size: int = attrs.field(default=1, validator=_pos_int)
@@ -80,6 +83,9 @@ class RolloutConfig:
     fileroot: str | None = attrs.field(default=None, validator=_opt_name)
     experiment_name: str | None = attrs.field(default=None, validator=_opt_name)
     trial_name: str | None = attrs.field(default=None, validator=_opt_name)
+    seed: int | None = attrs.field(
+        default=None, validator=_check("None or an integer >= 0", lambda v: v is None or (is_int(v) and v >= 0))
+    )
 
     @property
     def concurrency(self) -> int:

@@ -235,6 +235,11 @@ class RolloutExecutor:
                 self._nursery.cancel_scope.cancel()
             self._notify()
 
+    def _seed(self) -> int | None:
+        """The caller's :func:`workflow_context.use_seed`, else the config's ``seed``."""
+        seed = _current_seed()
+        return self.config.seed if seed is None else seed
+
     def get_version(self) -> int:
         """The trainer's version as the executor sees it (budget and staleness are judged by it)."""
         return self._version.get_version()
@@ -321,7 +326,7 @@ class RolloutExecutor:
         self._order += 1
         task = Task(
             tid, data, workflow, should_accept_fn, bool(is_eval), callback, owner, self._order,
-            seed=_current_seed(),
+            seed=self._seed(),
         )  # fmt: skip
         self._tasks[tid] = task
         owner.unfinished += 1
@@ -877,8 +882,8 @@ class RolloutExecutor:
         gets every task's :class:`TaskOutcome` (the first call's ``should_accept_fn``,
         ``cycle`` and ``callback`` stay in force).
 
-        Order: results go out oldest-started first. Under ``use_seed`` or with
-        ``deterministic_sampling`` they go out in the source's order instead, waiting for
+        Order: results go out oldest-started first. Under ``use_seed`` (or the config's
+        ``seed``) or with ``deterministic_sampling`` they go out in the source's order instead, waiting for
         the oldest unfinished task: every run then gets the same batches, whatever the
         scheduling, at the cost of that wait.
 
@@ -914,7 +919,7 @@ class RolloutExecutor:
                 f"{max(0, self._budget_left())} more = {self._budget_text()}; bump the version (set_version) after "
                 "each batch, use batch_size <= (max_head_offpolicyness + 1) * consumer_batch_size, or raise them"
             )
-        strict = self.config.deterministic_sampling or _current_seed() is not None
+        strict = self.config.deterministic_sampling or self._seed() is not None
         with self._progress(batch_size, progress, "traj") as bar:
             while True:
                 await self._top_up(feed, batch_size)
