@@ -190,6 +190,7 @@ class RolloutExecutor:
         self._pending_eval: collections.deque[Task] = collections.deque()
         self._running: set[Task] = set()
         self._tasks: dict[int, Task] = {}  # queued, running, or finished and untaken
+        self._held: dict[int, Task] = {}  # the deliverable ones among them (buffered)
         self._common = Owner("common")
         self._seen = IdSet()  # every id ever submitted
         self._resultless = IdSet()  # ended without a result for anyone (wait_for_task returns None)
@@ -246,7 +247,7 @@ class RolloutExecutor:
 
     def statistics(self) -> ExecutorStatistics:
         """The counters now (callable at any moment, even after a failure)."""
-        oldest = min((t.version for t in self._tasks.values() if t.deliverable), default=None)
+        oldest = min((t.version for t in self._held.values()), default=None)
         return ExecutorStatistics(
             submitted=self._submitted,
             queued=len(self._pending) + len(self._pending_eval),
@@ -600,6 +601,7 @@ class RolloutExecutor:
             oldest = oldest_version(result)
             task.version = task.start_version if oldest is None else oldest
             self._buffered += 1
+            self._held[task.task_id] = task
         elif status == "rejected":
             self._rejected[reason or "rejected"] += 1
         elif status == "failed":
@@ -636,6 +638,7 @@ class RolloutExecutor:
         task.dropped = why
         task.result = None
         self._buffered -= 1
+        del self._held[task.task_id]
         if why == "stale":
             self._stale += 1
             self.staleness.on_rollout_discarded()
@@ -644,9 +647,9 @@ class RolloutExecutor:
 
     def _sweep_stale(self) -> None:
         """Drop every untaken training result more than ``max_head_offpolicyness`` versions
-        behind the current version (the bound is checked again at every take)."""
+        behind the current version. Every take calls it first, with no checkpoint between."""
         floor = self.get_version() - self.config.max_head_offpolicyness
-        for task in [t for t in self._tasks.values() if t.deliverable and not t.is_eval and t.version < floor]:
+        for task in [t for t in self._held.values() if not t.is_eval and t.version < floor]:
             self._drop(task, "stale")
             logger.info("Task %d: dropped, its oldest token (version %d) is older than %d.", task.task_id, task.version, floor)
             if task.owner is self._common:
@@ -660,6 +663,7 @@ class RolloutExecutor:
             self._resultless.add(task.task_id)
             return None
         self._buffered -= 1
+        del self._held[task.task_id]
         self._accepted += 1
         result, task.result = task.result, None
         if self._observers:
@@ -750,7 +754,6 @@ class RolloutExecutor:
             if raise_timeout:
                 raise TimeoutError(f"Timed out waiting for {count} results, only received {len(ready)}")
             return []
-        self._sweep_stale()  # no checkpoint since the loop's: a no-op, kept for the guarantee's sake
         out = [self._take(t) for t in heapq.nsmallest(count, ready, key=self._order_key())]
         self._notify()
         return [r for r in out if r is not None]
@@ -875,17 +878,19 @@ class RolloutExecutor:
         ``source`` (a sync or async iterable of items, or a data loader whose ``batch_size``
         attribute says each element is a batch) is cycled forever; a sync source is read in
         a worker thread. At most ``(max_head_offpolicyness + 1) * consumer_batch_size`` (or
-        ``batch_size`` if larger) of its items are outstanding (queued, running or accepted and untaken). Returns ``batch_size`` accepted trajectories, or with
+        ``batch_size`` if larger) of its items are outstanding: queued, running, or
+        accepted and untaken. Returns ``batch_size`` accepted trajectories, or with
         ``dynamic_bs`` the accepted ones among the next ``batch_size`` finished tasks. With
         ``cycle=False`` the source is read once: when it is used up and its tasks are all
         taken, the batch is returned as it is (possibly short, possibly empty). ``callback``
         gets every task's :class:`TaskOutcome` (the first call's ``should_accept_fn``,
-        ``cycle`` and ``callback`` stay in force).
+        ``cycle`` and ``callback`` stay in force). Results a call does not take wait for the
+        next ``prepare_batch`` (``wait`` does not take them).
 
         Order: results go out oldest-started first. Under ``use_seed`` (or the config's
-        ``seed``) or with ``deterministic_sampling`` they go out in the source's order instead, waiting for
-        the oldest unfinished task: every run then gets the same batches, whatever the
-        scheduling, at the cost of that wait.
+        ``seed``) or with ``deterministic_sampling`` they go out in the source's order
+        instead, waiting for the oldest unfinished task: every run then gets the same
+        batches, whatever the scheduling, at the cost of that wait.
 
         Raises:
             ValueError: another source or workflow than the first call's; a batch larger
