@@ -7,7 +7,13 @@ import time
 import pytest
 import trio
 
-from rollout_trio.rewards import RewardFunction, RewardTimeoutError, RewardWorkerError
+from rollout_trio.rewards import (
+    RewardFunction,
+    RewardStatistics,
+    RewardThreadsExhaustedWarning,
+    RewardTimeoutError,
+    RewardWorkerError,
+)
 
 from . import reward_fns
 
@@ -105,12 +111,6 @@ def test_constructor_errors_name_the_field():
         RewardFunction(reward_fns.add, retries=-1)
     with pytest.raises(TypeError, match="picklable"):
         RewardFunction(lambda: 1, isolation="process")
-    def local(x):
-        return x
-
-    local.__module__ = "__main__"
-    with pytest.raises(TypeError, match="defined in __main__"):
-        RewardFunction(local, isolation="process")
     with pytest.raises(TypeError, match="fn: must be a callable"):
         RewardFunction(3)
 
@@ -205,3 +205,92 @@ async def test_cancelling_a_process_call_kills_its_worker(tmp_path):
                     await trio.sleep(0.01)
             n.cancel_scope.cancel()
         assert gone(int(pid_file.read_text())) and reward.worker_pids == set()
+
+
+# ------------------------------------------------------------------ hostile and careless rewards
+
+
+def dead(pid):
+    """Gone, or a zombie nobody reaped yet (it holds nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+async def wait_dead(pid):
+    with trio.fail_after(30):
+        while not dead(pid):
+            await trio.sleep(0.01)
+
+
+async def test_a_killed_reward_takes_its_children_with_it(tmp_path):
+    pid_file = tmp_path / "child"
+    async with RewardFunction(reward_fns.spawn_sleeper_and_hang, isolation="process", timeout=2) as reward:
+        with trio.fail_after(60), pytest.raises(RewardTimeoutError):
+            await reward(str(pid_file))
+        child = int(pid_file.read_text())
+        try:
+            await wait_dead(child)
+        finally:
+            if not dead(child):
+                os.kill(child, 9)
+
+
+@pytest.mark.parametrize("forged_value", [-1.0, "stray"])
+async def test_a_forged_reply_never_reaches_the_next_call(forged_value):
+    """A reward that writes a reply of its own onto the channel: the call gets its own
+    value or a typed error, and the next call its own answer (before: the forged value,
+    then the next call got the first one's real reply)."""
+    async with RewardFunction(reward_fns.forge_reply, isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60):
+            try:
+                assert await reward(forged_value) == 1.0
+            except RewardWorkerError as exc:
+                assert "not this call's" in str(exc)
+            assert await reward(forged_value, forge=False) == 2.0
+
+
+@pytest.mark.parametrize("kind", ["junk", "huge"])
+async def test_garbage_on_the_reply_channel_is_a_typed_error(kind):
+    async with RewardFunction(reward_fns.write_garbage, isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="could not be read"):
+            await reward(kind)
+        assert reward.worker_pids == set()
+
+
+async def test_an_exception_that_does_not_unpickle_keeps_its_traceback_and_its_worker():
+    async with RewardFunction(reward_fns.pid, isolation="process", max_workers=1) as pid:
+        first = await pid()
+    async with RewardFunction("tests.reward_fns.raise_unloadable", isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="cannot be unpickled") as info:
+            await reward()
+        assert "raise_unloadable" in str(info.value) and "Unloadable: 1/2" in str(info.value)
+        (worker,) = reward.worker_pids
+        with trio.fail_after(60), pytest.raises(RewardWorkerError):
+            await reward()
+        assert reward.worker_pids == {worker} and first != worker
+
+
+async def test_thread_rewards_starved_by_hung_calls_are_counted_and_warned():
+    release = threading.Event()
+
+    def hang_or_add(a, b):
+        if a is None:
+            release.wait()
+        return a + b if a is not None else 0.0
+
+    reward = RewardFunction(hang_or_add, max_workers=1, timeout=1, timeout_reward=0.0)
+    try:
+        assert await reward(None, 0) == 0.0  # hangs: its thread is abandoned, holding the one slot
+        assert reward.statistics.hung_threads == 1 and reward.statistics.not_started == 0
+        with pytest.warns(RewardThreadsExhaustedWarning, match="without running: all 1 threads are held by 1 hung"):
+            assert await reward(1, 2) == 0.0  # never ran: not a verdict on (1, 2)
+        assert reward.statistics == RewardStatistics(calls=2, timeouts=2, not_started=1, hung_threads=1)
+    finally:
+        release.set()
+    with trio.fail_after(30):
+        while reward.statistics.hung_threads:
+            await trio.sleep(0.01)
+    assert await reward(1, 2) == 3
