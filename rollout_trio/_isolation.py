@@ -255,10 +255,10 @@ class IsolatedWorkers:
             self._pids.discard(pid)
         proc = exc.args[-1] if exc.args else None
         code = getattr(proc, "exitcode", None)
-        how = f"exit status {code}"
+        how = f"exited with status {code}"
         if code is not None and code < 0:
             try:
-                how = f"signal {signal.Signals(-code).name}"
+                how = f"was killed by signal {signal.Signals(-code).name}"
             except ValueError:
-                how = f"signal {-code}"
-        return f"{self.what} {pid if pid is not None else getattr(proc, 'pid', '?')} died ({how}) before answering"
+                how = f"was killed by signal {-code}"
+        return f"{self.what} {pid if pid is not None else getattr(proc, 'pid', '?')} {how} without a result"

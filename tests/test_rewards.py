@@ -154,7 +154,7 @@ async def test_timeout_reward_is_returned_for_a_hung_process(tmp_path):
         assert gone(int((tmp_path / "pid").read_text()))
 
 
-@pytest.mark.parametrize(("fn", "how"), [(reward_fns.hard_exit, "exit status 7"), (reward_fns.segfault, "signal SIGSEGV")])
+@pytest.mark.parametrize(("fn", "how"), [(reward_fns.hard_exit, "exited with status 7"), (reward_fns.segfault, "killed by signal SIGSEGV")])
 async def test_a_crashing_worker_is_a_typed_error_and_is_replaced(fn, how):
     async with RewardFunction(fn, isolation="process", max_workers=1) as crash:
         with trio.fail_after(30), pytest.raises(RewardWorkerError, match=how):
