@@ -13,18 +13,10 @@ from rollout_trio.testing import ScriptedEngine
 
 from . import agent_subproc_agents as subproc_agents
 from .agent_helpers import TOKENIZER
+from .process_helpers import wait_dead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUESTION = {"messages": [{"role": "user", "content": "What is 2+3?"}]}
-
-
-def dead(pid):
-    """Gone, or a zombie nobody reaped yet (it holds nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
 
 
 async def test_cancelling_a_subprocess_agent_kills_its_children_too(tmp_path):
@@ -38,14 +30,7 @@ async def test_cancelling_a_subprocess_agent_kills_its_children_too(tmp_path):
             while not engine.in_flight:
                 await trio.sleep(0.01)
             n.cancel_scope.cancel()
-    child = int(pid_file.read_text())
-    try:
-        with trio.fail_after(30):
-            while not dead(child):
-                await trio.sleep(0.01)
-    finally:
-        if not dead(child):
-            os.kill(child, 9)
+    await wait_dead(int(pid_file.read_text()))
 
 
 def test_a_scripts_main_functions_run_in_reward_worker_processes(tmp_path):

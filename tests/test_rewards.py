@@ -16,6 +16,7 @@ from rollout_trio.rewards import (
 )
 
 from . import reward_fns
+from .process_helpers import wait_dead
 
 
 def gone(pid):
@@ -210,32 +211,12 @@ async def test_cancelling_a_process_call_kills_its_worker(tmp_path):
 # ------------------------------------------------------------------ hostile and careless rewards
 
 
-def dead(pid):
-    """Gone, or a zombie nobody reaped yet (it holds nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
-async def wait_dead(pid):
-    with trio.fail_after(30):
-        while not dead(pid):
-            await trio.sleep(0.01)
-
-
 async def test_a_killed_reward_takes_its_children_with_it(tmp_path):
     pid_file = tmp_path / "child"
     async with RewardFunction(reward_fns.spawn_sleeper_and_hang, isolation="process", timeout=2) as reward:
         with trio.fail_after(60), pytest.raises(RewardTimeoutError):
             await reward(str(pid_file))
-        child = int(pid_file.read_text())
-        try:
-            await wait_dead(child)
-        finally:
-            if not dead(child):
-                os.kill(child, 9)
+        await wait_dead(int(pid_file.read_text()))
 
 
 @pytest.mark.parametrize("forged_value", [-1.0, "stray"])
