@@ -232,3 +232,22 @@ def test_use_seed_around_the_constructor_reaches_the_executors_tasks() -> None:
     with SyncRolloutExecutor(ScriptedEngine(), max_head_offpolicyness=10) as unseeded:
         unseeded.rollout_batch([{}], seeded, progress=False)
     assert seen == [7, 7, None]
+
+
+def test_ctrl_c_stops_the_sync_trainer_example_with_status_130() -> None:
+    """A real SIGINT to a running trainer: it says how many steps finished and exits 130
+    (the interrupted call cancelled, the executor closed), instead of a traceback."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "sync_trainer.py"), "--steps", "1000", "--groups-per-batch", "1", "--group-size", "2"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.startswith("step 0:"), first
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=90)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    steps = 1 + sum(line.startswith("step ") for line in out.splitlines())
+    assert err.strip().splitlines()[-1] in (f"interrupted: {steps} step(s) finished",)
