@@ -152,7 +152,9 @@ class IsolatedWorkers:
             )
         )
         self._stack = stack
-        self._dir = Path(tempfile.mkdtemp(prefix="rollout-trio-workers-"))
+        # Each call's worker writes its pid here (tmpfs when there is one: it is per call).
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self._dir = Path(tempfile.mkdtemp(prefix="rollout-trio-workers-", dir=shm))
         return self
 
     async def __aexit__(
@@ -182,8 +184,13 @@ class IsolatedWorkers:
         """Start a worker outside the call's timeout when none is idle."""
         if self._one_job or ctx.statistics().idle_workers:
             return
-        with trio.fail_after(_SPAWN_TIMEOUT):
-            self._pids.add(await ctx.run_sync(os.getpid, kill_on_cancel=True, limiter=self._inner))
+        try:
+            with trio.fail_after(_SPAWN_TIMEOUT):
+                self._pids.add(await ctx.run_sync(os.getpid, kill_on_cancel=True, limiter=self._inner))
+        except trio.TooSlowError:
+            raise WorkerDied(f"a {self.what} did not start within {_SPAWN_TIMEOUT} s") from None
+        except trio_parallel.BrokenWorkerError as exc:
+            raise WorkerDied(self._death(exc, None)) from None
 
     def _forget(self, pid: int | None) -> None:
         _kill_group(pid)
@@ -261,4 +268,10 @@ class IsolatedWorkers:
                 how = f"was killed by signal {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
-        return f"{self.what} {pid if pid is not None else getattr(proc, 'pid', '?')} {how} without a result"
+        if pid is not None:
+            return f"{self.what} {pid} {how} without a result"
+        return (
+            f"{self.what} {getattr(proc, 'pid', '?')} {how} before its job started (its stderr says why; "
+            "a script that uses worker processes must guard its entry point with `if __name__ == '__main__':`, "
+            "as with multiprocessing)"
+        )

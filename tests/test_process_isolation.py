@@ -4,7 +4,6 @@ script's ``__main__`` functions run in reward worker processes (spec/executor.md
 import os
 import subprocess
 import sys
-import textwrap
 
 import trio
 
@@ -33,30 +32,37 @@ async def test_cancelling_a_subprocess_agent_kills_its_children_too(tmp_path):
     await wait_dead(int(pid_file.read_text()))
 
 
+SCRIPT = """
+import os
+import trio
+from rollout_trio.rewards import RewardFunction
+
+def square_and_pid(x):
+    return x * x, os.getpid()
+
+async def main():
+    async with RewardFunction(square_and_pid, isolation="process", max_workers=1, timeout=60) as reward:
+        value, pid = await reward(7)
+        print(value, pid != os.getpid())
+"""
+
+
+def run_script(tmp_path, text):
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
 def test_a_scripts_main_functions_run_in_reward_worker_processes(tmp_path):
     """As with the standard library's process pools (before: TypeError at construction)."""
-    script = tmp_path / "train.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import os
-            import trio
-            from rollout_trio.rewards import RewardFunction
-
-            def square_and_pid(x):
-                return x * x, os.getpid()
-
-            async def main():
-                async with RewardFunction(square_and_pid, isolation="process", max_workers=1, timeout=60) as reward:
-                    value, pid = await reward(7)
-                    print(value, pid != os.getpid())
-
-            if __name__ == "__main__":
-                trio.run(main)
-            """
-        )
-    )
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    out = run_script(tmp_path, SCRIPT + '\nif __name__ == "__main__":\n    trio.run(main)\n')
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["49", "True"]
+
+
+def test_a_script_without_a_main_guard_gets_a_typed_error_that_says_so(tmp_path):
+    """Workers import the script as multiprocessing does; unguarded, the worker cannot start."""
+    out = run_script(tmp_path, SCRIPT + "\ntrio.run(main)\n")
+    assert out.returncode == 1
+    assert "RewardWorkerError" in out.stderr and "must guard its entry point" in out.stderr
