@@ -11,6 +11,10 @@ policy-gradient step on a training copy of the model, and pushes the weights bac
 Run it::
 
     python examples/sync_trainer.py --steps 5
+
+Ctrl-C stops it between or during steps: the call in flight is cancelled in the
+executor's thread, the executor closes (aborting generations), and it exits 130 after
+saying how many steps finished.
 """
 
 from __future__ import annotations
@@ -61,23 +65,31 @@ def main(argv: list[str] | None = None) -> int:
     ]
     config = RolloutConfig(consumer_batch_size=args.groups_per_batch, max_head_offpolicyness=1)
 
-    with SyncRolloutExecutor(LocalEngine(model, tokenizer, seed=0), config) as executor:
-        for step in range(args.steps):
-            version = executor.get_version()
-            groups = executor.prepare_batch(
-                prompts, workflow, batch_size=args.groups_per_batch, group_size=args.group_size, reward_normalization=True
-            )
-            batch = concat_trajectories(groups)
-            assert batch.versions is not None and batch.loss_mask is not None and batch.original_rewards is not None
-            versions = batch.versions[batch.loss_mask.bool()]
-            loss = policy_gradient_step(policy, optimizer, batch)
-            executor.update_weights({k: v.detach().clone() for k, v in policy.state_dict().items()}, version + 1)
-            print(
-                f"step {step}: {batch.batch_size} rows at version {version}, token versions "
-                f"{int(versions.min())}..{int(versions.max())}, mean reward {float(batch.original_rewards.mean()):.3f}, "
-                f"loss {loss:+.4f}"
-            )
-        stats = executor.statistics()
+    done = 0
+    try:
+        with SyncRolloutExecutor(LocalEngine(model, tokenizer, seed=0), config) as executor:
+            for step in range(args.steps):
+                version = executor.get_version()
+                groups = executor.prepare_batch(
+                    prompts, workflow, batch_size=args.groups_per_batch, group_size=args.group_size,
+                    reward_normalization=True,
+                )  # fmt: skip
+                batch = concat_trajectories(groups)
+                assert batch.versions is not None and batch.loss_mask is not None and batch.original_rewards is not None
+                versions = batch.versions[batch.loss_mask.bool()]
+                loss = policy_gradient_step(policy, optimizer, batch)
+                executor.update_weights({k: v.detach().clone() for k, v in policy.state_dict().items()}, version + 1)
+                done += 1
+                print(
+                    f"step {step}: {batch.batch_size} rows at version {version}, token versions "
+                    f"{int(versions.min())}..{int(versions.max())}, mean reward {float(batch.original_rewards.mean()):.3f}, "
+                    f"loss {loss:+.4f}",
+                    flush=True,
+                )
+            stats = executor.statistics()
+    except KeyboardInterrupt:  # the call in flight was cancelled and the executor closed
+        print(f"interrupted: {done} step(s) finished", file=sys.stderr)
+        return 130
     print(f"executor: {stats.accepted} groups accepted, {stats.rejected} rejected, {stats.failed} failed")
     return 0
 

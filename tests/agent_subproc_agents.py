@@ -1,6 +1,7 @@
 """Agents for the subprocess-mode tests (importable by the child process by module path)."""
 
 import os
+import subprocess
 
 import openai
 
@@ -34,3 +35,16 @@ class HangingAgent:
 class ExitingAgent:
     async def run(self, data):
         os._exit(3)
+
+
+class SpawningAgent:
+    """Starts a ``sleep 1000`` child (its pid goes to ``pid_file``), then waits on a completion
+    the engine never finishes."""
+
+    async def run(self, data):
+        child = subprocess.Popen(["sleep", "1000"])
+        with open(data["pid_file"], "w") as f:
+            f.write(str(child.pid))
+        client = openai.AsyncOpenAI(max_retries=0, timeout=600)
+        await client.chat.completions.create(model="any", messages=data["messages"])
+        return 1.0

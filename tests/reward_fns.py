@@ -1,7 +1,14 @@
 """Reward functions the reward-worker processes import (kept free of heavy imports)."""
 
 import ctypes
+import fcntl
+import gc
+import multiprocessing.connection
 import os
+import pickle
+import stat
+import struct
+import subprocess
 import time
 from pathlib import Path
 
@@ -55,3 +62,65 @@ class Unpicklable(Exception):
 
 def raise_unpicklable(*args):
     raise Unpicklable(1, 2)
+
+
+def spawn_sleeper_and_hang(pid_file):
+    """Starts a ``sleep 1000`` child, writes the child's pid, then never returns."""
+    child = subprocess.Popen(["sleep", "1000"])
+    Path(pid_file).write_text(str(child.pid))
+    while True:
+        time.sleep(3600)
+
+
+def _reply_channels():
+    """The worker's reply channel(s) and the framing its parent reads: a trio-parallel worker's
+    multiprocessing connection (4-byte length), else the old hand-made worker's pipe above
+    stderr (8-byte length)."""
+    conns = [o for o in gc.get_objects() if isinstance(o, multiprocessing.connection.Connection)]
+    fds = [c.fileno() for c in conns if not c.closed and c.writable]
+    if fds:
+        return [(fd, struct.Struct("!i")) for fd in fds]
+    found = []
+    for fd in range(3, 64):
+        try:
+            mode, flags = os.fstat(fd).st_mode, fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(mode) and flags & os.O_ACCMODE == os.O_WRONLY:
+            found.append((fd, struct.Struct(">Q")))
+    return found
+
+
+def forge_reply(value, forge=True):
+    """Writes a well-framed reply of its own (``value``) onto the reply channel, then returns
+    1.0; returns 2.0 and writes nothing when ``forge`` is false."""
+    if not forge:
+        return 2.0
+    for fd, header in _reply_channels():
+        if header.format == "!i":
+            import outcome
+
+            data = pickle.dumps(outcome.Value(value))
+        else:
+            data = pickle.dumps(("ok", value))
+        os.write(fd, header.pack(len(data)) + data)
+    return 1.0
+
+
+def write_garbage(kind):
+    """Writes garbage (``"junk"``) or a huge length header (``"huge"``) onto the reply channel."""
+    data = b"\x00" * 7 + b"\x05junk!" if kind == "junk" else b"\xff\xff\xff\xff" + b"\x7f" * 8
+    for fd, _ in _reply_channels():
+        os.write(fd, data)
+    return 1.0
+
+
+class Unloadable(Exception):
+    """Pickles (as ``Unloadable("1/2")``) but cannot be unpickled: ``__init__`` wants two arguments."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def raise_unloadable(*args):
+    raise Unloadable(1, 2)

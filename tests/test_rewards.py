@@ -7,9 +7,16 @@ import time
 import pytest
 import trio
 
-from rollout_trio.rewards import RewardFunction, RewardTimeoutError, RewardWorkerError
+from rollout_trio.rewards import (
+    RewardFunction,
+    RewardStatistics,
+    RewardThreadsExhaustedWarning,
+    RewardTimeoutError,
+    RewardWorkerError,
+)
 
 from . import reward_fns
+from .process_helpers import wait_dead
 
 
 def gone(pid):
@@ -105,12 +112,6 @@ def test_constructor_errors_name_the_field():
         RewardFunction(reward_fns.add, retries=-1)
     with pytest.raises(TypeError, match="picklable"):
         RewardFunction(lambda: 1, isolation="process")
-    def local(x):
-        return x
-
-    local.__module__ = "__main__"
-    with pytest.raises(TypeError, match="defined in __main__"):
-        RewardFunction(local, isolation="process")
     with pytest.raises(TypeError, match="fn: must be a callable"):
         RewardFunction(3)
 
@@ -154,7 +155,7 @@ async def test_timeout_reward_is_returned_for_a_hung_process(tmp_path):
         assert gone(int((tmp_path / "pid").read_text()))
 
 
-@pytest.mark.parametrize(("fn", "how"), [(reward_fns.hard_exit, "exit status 7"), (reward_fns.segfault, "signal SIGSEGV")])
+@pytest.mark.parametrize(("fn", "how"), [(reward_fns.hard_exit, "exited with status 7"), (reward_fns.segfault, "killed by signal SIGSEGV")])
 async def test_a_crashing_worker_is_a_typed_error_and_is_replaced(fn, how):
     async with RewardFunction(fn, isolation="process", max_workers=1) as crash:
         with trio.fail_after(30), pytest.raises(RewardWorkerError, match=how):
@@ -205,3 +206,72 @@ async def test_cancelling_a_process_call_kills_its_worker(tmp_path):
                     await trio.sleep(0.01)
             n.cancel_scope.cancel()
         assert gone(int(pid_file.read_text())) and reward.worker_pids == set()
+
+
+# ------------------------------------------------------------------ hostile and careless rewards
+
+
+async def test_a_killed_reward_takes_its_children_with_it(tmp_path):
+    pid_file = tmp_path / "child"
+    async with RewardFunction(reward_fns.spawn_sleeper_and_hang, isolation="process", timeout=2) as reward:
+        with trio.fail_after(60), pytest.raises(RewardTimeoutError):
+            await reward(str(pid_file))
+        await wait_dead(int(pid_file.read_text()))
+
+
+@pytest.mark.parametrize("forged_value", [-1.0, "stray"])
+async def test_a_forged_reply_never_reaches_the_next_call(forged_value):
+    """A reward that writes a reply of its own onto the channel: the call gets its own
+    value or a typed error, and the next call its own answer (before: the forged value,
+    then the next call got the first one's real reply)."""
+    async with RewardFunction(reward_fns.forge_reply, isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60):
+            try:
+                assert await reward(forged_value) == 1.0
+            except RewardWorkerError as exc:
+                assert "not this call's" in str(exc)
+            assert await reward(forged_value, forge=False) == 2.0
+
+
+@pytest.mark.parametrize("kind", ["junk", "huge"])
+async def test_garbage_on_the_reply_channel_is_a_typed_error(kind):
+    async with RewardFunction(reward_fns.write_garbage, isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="could not be read"):
+            await reward(kind)
+        assert reward.worker_pids == set()
+
+
+async def test_an_exception_that_does_not_unpickle_keeps_its_traceback_and_its_worker():
+    async with RewardFunction(reward_fns.pid, isolation="process", max_workers=1) as pid:
+        first = await pid()
+    async with RewardFunction("tests.reward_fns.raise_unloadable", isolation="process", max_workers=1) as reward:
+        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="cannot be unpickled") as info:
+            await reward()
+        assert "raise_unloadable" in str(info.value) and "Unloadable: 1/2" in str(info.value)
+        (worker,) = reward.worker_pids
+        with trio.fail_after(60), pytest.raises(RewardWorkerError):
+            await reward()
+        assert reward.worker_pids == {worker} and first != worker
+
+
+async def test_thread_rewards_starved_by_hung_calls_are_counted_and_warned():
+    release = threading.Event()
+
+    def hang_or_add(a, b):
+        if a is None:
+            release.wait()
+        return a + b if a is not None else 0.0
+
+    reward = RewardFunction(hang_or_add, max_workers=1, timeout=1, timeout_reward=0.0)
+    try:
+        assert await reward(None, 0) == 0.0  # hangs: its thread is abandoned, holding the one slot
+        assert reward.statistics.hung_threads == 1 and reward.statistics.not_started == 0
+        with pytest.warns(RewardThreadsExhaustedWarning, match="without running: all 1 threads are held by 1 hung"):
+            assert await reward(1, 2) == 0.0  # never ran: not a verdict on (1, 2)
+        assert reward.statistics == RewardStatistics(calls=2, timeouts=2, not_started=1, hung_threads=1)
+    finally:
+        release.set()
+    with trio.fail_after(30):
+        while reward.statistics.hung_threads:
+            await trio.sleep(0.01)
+    assert await reward(1, 2) == 3

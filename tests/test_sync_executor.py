@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any
 
 import pytest
 import torch
+import trio
 
 from rollout_trio import ExecutorFailed, GenerationConfig, ModelRequest, SyncRolloutExecutor, Trajectory
+from rollout_trio import workflow_context
 from rollout_trio.testing import ScriptedEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,3 +132,122 @@ def test_interpreter_exit_stops_the_executor_cleanly() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["exiting", "episode cancelled, aborted: 1"]
+
+
+# ------------------------------------------------------------------ cancellation, deadlines, context
+
+
+class GatedEngine(ScriptedEngine):
+    """Holds every answer until ``gate`` (a threading.Event) is set."""
+
+    def __init__(self) -> None:
+        super().__init__(script=self._held)
+        self.gate = threading.Event()
+
+    async def _held(self, req: ModelRequest) -> None:
+        await trio.to_thread.run_sync(self.gate.wait, abandon_on_cancel=True)
+
+
+def interrupt_main_when(condition: Any) -> threading.Thread:
+    """Sends SIGINT to the main thread (a Ctrl-C) once ``condition()`` holds."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, "the condition never held"
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_cancels_the_call_and_its_results_stay_for_the_next_one() -> None:
+    """A Ctrl-C while ``wait`` blocks cancels that wait; the results it did not take are
+    the next call's (before: the abandoned wait kept running and took them for no one)."""
+    assert threading.current_thread() is threading.main_thread()
+    engine = GatedEngine()
+    with SyncRolloutExecutor(engine, consumer_batch_size=2, max_concurrent_rollouts=2) as ex:
+        for _ in range(2):
+            ex.submit({}, gen_workflow)
+        watcher = interrupt_main_when(lambda: len(engine.in_flight) == 2)
+        with pytest.raises(KeyboardInterrupt):
+            ex.wait(2, timeout=60)
+        watcher.join()
+        engine.gate.set()
+        deadline = time.monotonic() + 60
+        while ex.statistics().running:  # both finish before anyone asks for them
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert ex.statistics().buffered == 2
+        assert len(ex.wait(2, timeout=30)) == 2
+        assert ex.statistics().balanced()
+
+
+def test_start_timeout_raises_and_stops_the_startup_thread() -> None:
+    class SlowStart(ScriptedEngine):
+        async def __aenter__(self) -> Any:
+            await trio.sleep_forever()
+
+    with pytest.raises(TimeoutError, match="did not start within 0.5 s"):
+        SyncRolloutExecutor(SlowStart(), start_timeout=0.5)
+    assert not executor_threads()
+
+
+def test_close_raises_when_the_thread_does_not_stop_in_time() -> None:
+    release = threading.Event()
+
+    class StuckClose(ScriptedEngine):
+        async def __aexit__(self, *exc: object) -> None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(release.wait)
+
+    ex = SyncRolloutExecutor(StuckClose())
+    with pytest.raises(TimeoutError, match="did not stop within 0.2 s"):
+        ex.close(timeout=0.2)
+    (thread,) = executor_threads()
+    release.set()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_use_seed_around_the_constructor_reaches_the_executors_tasks() -> None:
+    """As ``use_seed`` around ``open_executor`` seeds every task in a Trio program, so it
+    does around the constructor, which runs in the trainer's thread (before: ignored)."""
+    seen: list[int | None] = []
+
+    async def seeded(engine: Any, data: Any) -> Trajectory:
+        seen.append(workflow_context._seed.get())
+        return await gen_workflow(engine, data)
+
+    with workflow_context.use_seed(7):
+        ex = SyncRolloutExecutor(ScriptedEngine(), max_head_offpolicyness=10)
+    with ex:
+        ex.submit({}, seeded)
+        ex.wait(1, timeout=30)
+        ex.rollout_batch([{}], seeded, progress=False)
+    with SyncRolloutExecutor(ScriptedEngine(), max_head_offpolicyness=10) as unseeded:
+        unseeded.rollout_batch([{}], seeded, progress=False)
+    assert seen == [7, 7, None]
+
+
+def test_ctrl_c_stops_the_sync_trainer_example_with_status_130() -> None:
+    """A real SIGINT to a running trainer: it says how many steps finished and exits 130
+    (the interrupted call cancelled, the executor closed), instead of a traceback."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "sync_trainer.py"), "--steps", "1000", "--groups-per-batch", "1", "--group-size", "2"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.startswith("step 0:"), first
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=90)
+        finally:
+            proc.kill()
+    assert proc.returncode == 130, err
+    steps = 1 + sum(line.startswith("step ") for line in out.splitlines())
+    assert err.strip().splitlines()[-1] in (f"interrupted: {steps} step(s) finished",)

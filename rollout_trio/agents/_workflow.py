@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import pickle
-import subprocess
-import sys
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
@@ -24,6 +20,8 @@ from .. import workflow_context
 from .._config import GenerationConfig
 from .._errors import RolloutError
 from .._interaction import Interaction
+from .._isolation import IsolatedWorkers, WorkerDied, unpickle_reply
+from .._isolation_worker import run_agent
 from .._workflow import RolloutWorkflow
 from ._endpoint import OpenAIEndpoint
 from ._server import serve_app
@@ -39,7 +37,6 @@ logger = logging.getLogger("rollout_trio.agents")
 Mode = Literal["inline", "subproc"]
 MODES: tuple[str, ...] = ("inline", "subproc")
 _IN_PROCESS_URL = "http://rollout-trio.agent/v1"
-_SUBPROC_MAIN = str(Path(__file__).with_name("_subproc_main.py"))
 
 
 class AgentProcessError(RolloutError):
@@ -53,8 +50,12 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         agent: an object with ``async def run(data, **kwargs)``. In ``"inline"`` mode it
             is called as ``run(data, base_url=..., http_client=..., api_key=...)``: hand the
             three to ``openai.AsyncOpenAI(base_url=..., api_key=..., http_client=...)``.
-            In ``"subproc"`` mode ``run(data)`` runs in a child process with its own
-            event loop and finds the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``.
+            In ``"subproc"`` mode ``run(data)`` runs in a fresh child process (a
+            trio-parallel worker leading its own process group, killed with everything
+            it started when the episode is cancelled) with its own event loop, and finds
+            the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. The agent must be
+            picklable; one defined in a script's ``__main__`` works as with
+            multiprocessing's spawn (guard the script's entry point).
         mode: ``"inline"`` (same Trio run, no socket) or ``"subproc"``.
         tokenizer: the engine's tokenizer; defaults to ``engine.tokenizer``.
         gconfig: base sampling settings of the endpoint.
@@ -164,27 +165,22 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
 
     async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
-        payload = pickle.dumps(list(sys.path)) + pickle.dumps((self.agent, data, self.subproc_backend))
-        async with self._subproc_limiter, trio.open_nursery() as nursery:
-            base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
-            env = {**os.environ, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key}
-            # Cancelling run_process kills the child (its in-flight requests then disconnect).
-            done = await trio.run_process(
-                [sys.executable, _SUBPROC_MAIN], stdin=payload, capture_stdout=True, stderr=None, env=env, check=False
-            )
-            nursery.cancel_scope.cancel()
-        return _subproc_result(done)
-
-
-def _subproc_result(done: subprocess.CompletedProcess[bytes]) -> Any:
-    try:
-        status, value = pickle.loads(done.stdout)
-    except Exception:
-        raise AgentProcessError(f"the agent process exited with status {done.returncode} without a result") from None
-    if status == "ok":
-        return value
-    exc, text = value
-    if isinstance(exc, BaseException):
-        exc.add_note(f"raised in the agent process:\n{text}")
-        raise exc
-    raise AgentProcessError(f"the agent process failed:\n{text}")
+        payload = pickle.dumps((run_agent, (self.agent, data, self.subproc_backend), {}))
+        try:
+            async with self._subproc_limiter:
+                reply: tuple[str, bytes | None, str] | WorkerDied
+                async with trio.open_nursery() as nursery:
+                    base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
+                    env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key}
+                    try:
+                        # Cancelling the run kills the agent's process group (its requests then disconnect).
+                        async with IsolatedWorkers(1, one_job=True, what="agent process") as pool:
+                            reply = await pool.run(payload, env=env)
+                    except WorkerDied as exc:  # raised outside the nursery, so not as a group
+                        reply = exc
+                    nursery.cancel_scope.cancel()
+            if isinstance(reply, WorkerDied):
+                raise reply
+            return unpickle_reply(*reply, "agent process")
+        except WorkerDied as exc:
+            raise AgentProcessError(str(exc)) from None

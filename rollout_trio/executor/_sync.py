@@ -1,21 +1,29 @@
 """``SyncRolloutExecutor``: the executor for trainers that are not Trio programs.
 
 Trio runs in one background thread that owns the engine and the executor; every
-method is a blocking call into it (``trio.from_thread``). Closing, garbage collection
-and interpreter exit all stop it the same way: leave the executor's ``async with``
-(cancelling in-flight work, aborting generations, flushing dumps), then the engine's.
+method is a blocking call into it through an anyio :class:`~anyio.from_thread.BlockingPortal`,
+so a call interrupted in the caller's thread (Ctrl-C) cancels its task in the executor's
+thread and waits for it to unwind. Closing, garbage collection and interpreter exit all
+stop it the same way: cancel the calls in flight, leave the executor's ``async with``
+(cancelling its work, aborting generations, flushing dumps), then the engine's.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import threading
+import warnings
 import weakref
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import trio
+from anyio.from_thread import BlockingPortal
 
+from .. import workflow_context
 from ._config import RolloutConfig
 from ._executor import AcceptFn, ExecutorStatistics, Result, RolloutExecutor, open_executor
 
@@ -24,11 +32,17 @@ if TYPE_CHECKING:
 
 __all__ = ["SyncRolloutExecutor"]
 
+logger = logging.getLogger("rollout_trio.executor")
+
 T = TypeVar("T")
+
+_THREAD_NAME = "rollout-trio-executor"
+_UNWIND_TIMEOUT = 30.0  # seconds an interrupted call may take to unwind in the executor's thread
+_CLOSE_TIMEOUT = 60.0
 
 
 class _Runner:
-    """The background thread and its Trio run. Holds no reference to the facade (so GC works)."""
+    """The background thread, its Trio run and its portal. Holds no reference to the facade (so GC works)."""
 
     def __init__(self, engine: Any, config: RolloutConfig, enter_engine: bool, options: dict[str, Any]) -> None:
         self.engine = engine
@@ -36,74 +50,132 @@ class _Runner:
         self.enter_engine = enter_engine
         self.options = options
         self.ready = threading.Event()
-        self.token: trio.lowlevel.TrioToken | None = None
         self.executor: RolloutExecutor | None = None
+        self.portal: BlockingPortal | None = None
         self.error: BaseException | None = None
         self.error_reported = False
         self.closed = False
-        self._stop: trio.Event | None = None
-        self.thread = threading.Thread(target=self._main, name="rollout-trio-executor", daemon=True)
+        self._lock = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._abort = trio.CancelScope()  # cancelled only when startup is abandoned
+        self._abort_requested = False
+        # The trainer's thread's use_seed / use_stats_recorder apply to the whole executor,
+        # as they do around open_executor (a new thread starts with an empty context).
+        self._seed = workflow_context._seed.get()
+        self._stats = workflow_context.stats_recorder()
+        self.thread = threading.Thread(target=self._main, name=_THREAD_NAME, daemon=True)
 
     def start(self, timeout: float) -> None:
         self.thread.start()
         if not self.ready.wait(timeout):
-            self.close()
-            raise TimeoutError(f"the executor's thread did not start within {timeout} s")
+            self._abandon_startup()
+            self.thread.join(_UNWIND_TIMEOUT)
+            self.closed = True
+            left = " (and its thread is still running: the engine's start ignores cancellation)" if self.thread.is_alive() else ""
+            raise TimeoutError(f"the executor's thread did not start within {timeout} s{left}")
         if self.error is not None:
             self.error_reported = True
             raise self.error
 
+    def _abandon_startup(self) -> None:
+        with self._lock:
+            self._abort_requested = True
+            token = self._token
+        if token is not None:
+            try:
+                trio.from_thread.run_sync(self._abort.cancel, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+
     def _main(self) -> None:
         try:
-            trio.run(self._amain)
+            anyio.run(self._amain, backend="trio")
         except BaseException as exc:  # surfaced at the caller's next call
             self.error = exc
         finally:
             self.ready.set()
 
     async def _amain(self) -> None:
-        self.token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with self.engine if self.enter_engine else nullcontext():
-            async with open_executor(self.engine, self.config, **self.options) as ex:
-                self.executor = ex
-                self.ready.set()
-                await self._stop.wait()
+        with self._lock:
+            self._token = trio.lowlevel.current_trio_token()
+            if self._abort_requested:
+                return
+        with self._abort, workflow_context.use_seed(self._seed), workflow_context.use_stats_recorder(self._stats):
+            async with self.engine if self.enter_engine else nullcontext():
+                async with open_executor(self.engine, self.config, **self.options) as ex:
+                    # The portal's tasks (the callers' calls) end before the executor does.
+                    async with BlockingPortal() as portal:
+                        self.executor, self.portal = ex, portal
+                        self.ready.set()
+                        await portal.sleep_until_stopped()
 
-    def _raise_if_dead(self) -> None:
+    def _raise_if_dead(self) -> BlockingPortal:
         if self.error is not None:
             self.error_reported = True
             raise RuntimeError("the executor's background thread stopped on an error") from self.error
-        if self.closed or self.token is None:
+        if self.closed or self.portal is None or not self.thread.is_alive():
             raise RuntimeError("the executor is closed")
+        return self.portal
 
     def call(self, afn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._raise_if_dead()
-        try:
-            return trio.from_thread.run(lambda: afn(*args, **kwargs), trio_token=self.token)
-        except trio.RunFinishedError:
-            self._raise_if_dead()
-            raise
+        """Run ``await afn(*args, **kwargs)`` in the executor's thread; an exception in the
+        caller's thread while it blocks (Ctrl-C) cancels it there."""
+        return self._run(afn, args, kwargs)
 
     def call_sync(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        self._raise_if_dead()
+        """Run ``fn(*args, **kwargs)`` in the executor's thread."""
+        return self._run(fn, args, kwargs)
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        portal = self._raise_if_dead()
+        unwound = threading.Event()
+
+        async def tracked() -> Any:
+            try:
+                result = fn(*args, **kwargs)
+                return (await result) if hasattr(result, "__await__") else result
+            finally:
+                unwound.set()
+
         try:
-            return trio.from_thread.run_sync(lambda: fn(*args, **kwargs), trio_token=self.token)
-        except trio.RunFinishedError:
+            future = portal.start_task_soon(tracked)
+        except RuntimeError:  # the portal stopped between the check and the call
             self._raise_if_dead()
             raise
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            # Cancelled from inside: the executor (or its thread) stopped.
+            self._raise_if_dead()
+            raise RuntimeError("the executor is closed") from None
+        except BaseException:
+            # Interrupted here (KeyboardInterrupt, a signal handler's exception): cancel the
+            # task over there and wait until it has unwound, so it takes nothing for no one.
+            if future.cancel() and not unwound.wait(_UNWIND_TIMEOUT):
+                logger.error("an interrupted call did not unwind within %s s in the executor's thread", _UNWIND_TIMEOUT)
+            raise
 
-    def close(self, timeout: float = 60.0) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.thread.is_alive() and self.token is not None and self._stop is not None:
-            try:
-                trio.from_thread.run_sync(self._stop.set, trio_token=self.token)
-            except trio.RunFinishedError:
-                pass
-        if self.thread.ident is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout)
+    def close(self, timeout: float = _CLOSE_TIMEOUT) -> bool:
+        """Stop the thread; False when it did not stop within ``timeout`` seconds."""
+        if not self.closed:
+            self.closed = True
+            portal = self.portal
+            if portal is not None and self.thread.is_alive():
+                try:
+                    portal.call(portal.stop, True)  # cancel the calls in flight, then unwind
+                except RuntimeError:  # already stopped, or the loop is gone
+                    pass
+        if self.thread.ident is None or self.thread is threading.current_thread():
+            return True
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def finalize(self) -> None:
+        """Close at garbage collection or interpreter exit: nobody to raise to, so warn."""
+        if not self.close():
+            msg = f"SyncRolloutExecutor: the executor's thread did not stop within {_CLOSE_TIMEOUT} s of closing"
+            logger.error(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=1)
 
 
 class SyncRolloutExecutor:
@@ -114,12 +186,17 @@ class SyncRolloutExecutor:
             with``) in the executor's thread unless ``enter_engine=False``.
         config: a :class:`RolloutConfig` or a mapping; keyword ``overrides`` replace keys.
         dp_size, tokenizer, dumper, stats: as for :func:`open_executor`.
-        start_timeout: seconds to wait for the thread (and the engine) to start.
+        start_timeout: seconds to wait for the thread (and the engine) to start; past it
+            the startup is cancelled and :class:`TimeoutError` raised.
 
     Use it as a context manager or call :meth:`close`; it is also closed when garbage
     collected and at interpreter exit. An error inside (a stopped executor, a crashed
     engine) is raised at the caller's next call. Completion callbacks run in the
-    executor's thread.
+    executor's thread. An exception raised in the caller's thread while a method blocks
+    (Ctrl-C's ``KeyboardInterrupt``) cancels that call in the executor's thread, which
+    leaves its results for the next call. :func:`~rollout_trio.workflow_context.use_seed`
+    and ``use_stats_recorder`` around the constructor apply to every task, as they do
+    around :func:`open_executor`.
     """
 
     def __init__(
@@ -139,7 +216,7 @@ class SyncRolloutExecutor:
         options = {"dp_size": dp_size, "tokenizer": tokenizer, "dumper": dumper, "stats": stats}
         self._runner = _Runner(engine, cfg, enter_engine, options)
         self._runner.start(start_timeout)
-        self._finalizer = weakref.finalize(self, self._runner.close)
+        self._finalizer = weakref.finalize(self, self._runner.finalize)
 
     @property
     def _ex(self) -> RolloutExecutor:
@@ -153,10 +230,21 @@ class SyncRolloutExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Cancel in-flight work, stop the thread; raise an error from inside not yet seen."""
+    def close(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Cancel in-flight work, stop the thread; raise an error from inside not yet seen.
+
+        Raises:
+            TimeoutError: the thread did not stop within ``timeout`` seconds (something in
+                the engine's or a workflow's shutdown ignores cancellation); it is left
+                running as a daemon thread. At garbage collection or interpreter exit the
+                same condition is logged and warned (``RuntimeWarning``) instead.
+        """
         self._finalizer.detach()
-        self._runner.close()
+        if not self._runner.close(timeout):
+            raise TimeoutError(
+                f"the executor's thread did not stop within {timeout} s of closing "
+                "(the engine's or a workflow's shutdown ignores cancellation)"
+            )
         if self._runner.error is not None and not self._runner.error_reported:
             self._runner.error_reported = True
             raise self._runner.error

@@ -7,21 +7,46 @@ import inspect
 import logging
 import os
 import pickle
+import threading
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal
 
+import attrs
 import trio
 
+from .._isolation import IsolatedWorkers, WorkerDied, WorkerTimedOut, unpickle_reply
 from .._workflow import import_from_string
 from ._errors import RewardTimeoutError, RewardWorkerError
-from ._pool import ProcessPool
 
-__all__ = ["RewardFunction"]
+__all__ = ["RewardFunction", "RewardStatistics", "RewardThreadsExhaustedWarning"]
 
 logger = logging.getLogger("rollout_trio.rewards")
 
 Isolation = Literal["thread", "process"]
+
+
+class RewardThreadsExhaustedWarning(RuntimeWarning):
+    """Thread-isolated reward calls timed out without running: every thread is held by a hung call."""
+
+
+@attrs.frozen
+class RewardStatistics:
+    """Counters of one :class:`RewardFunction`.
+
+    Attributes:
+        calls: calls made (each counts once, whatever its retries).
+        timeouts: attempts that ran past the timeout.
+        not_started: attempts that timed out before they ran (thread isolation: every
+            thread was held by a hung call); their ``timeout_reward`` is not a verdict.
+        hung_threads: abandoned threads still running now (they hold their slots).
+    """
+
+    calls: int
+    timeouts: int
+    not_started: int
+    hung_threads: int
 
 
 def _default_workers() -> int:
@@ -37,10 +62,17 @@ class RewardFunction:
         timeout: seconds one attempt may take.
         isolation: ``"thread"`` (default): a worker thread behind a
             :class:`trio.CapacityLimiter`; a thread that runs past the timeout is abandoned
-            (it cannot be stopped, and holds its limiter slot until it returns).
-            ``"process"``: a pool of worker processes; a worker that runs past the
-            timeout is killed and replaced. ``fn`` and its arguments must be picklable,
-            and the pool lives inside ``async with reward:``.
+            (it cannot be stopped, and holds its limiter slot until it returns). Once
+            ``max_workers`` calls hang, later ones time out without running: each such
+            attempt is counted (:attr:`statistics` ``.not_started``), logged as an error
+            and warned (:class:`RewardThreadsExhaustedWarning`, once). A verifier that may
+            hang belongs in ``"process"``.
+            ``"process"``: a pool of worker processes (trio-parallel); a worker that runs
+            past the timeout is killed with its whole process group (whatever it started)
+            and replaced. ``fn`` and its arguments must be picklable (functions from a
+            script's ``__main__`` work, as with multiprocessing's spawn: guard the script's
+            entry point with ``if __name__ == "__main__"``), and the pool lives inside
+            ``async with reward:``.
         max_workers: concurrent calls (threads or processes); default half the CPUs.
         retries: extra attempts after a timeout, a crashed worker or an exception.
         timeout_reward: returned when the last attempt times out; None (the default)
@@ -48,7 +80,9 @@ class RewardFunction:
 
     Raises (from a call, after the last attempt):
         RewardTimeoutError: every attempt timed out and ``timeout_reward`` is None.
-        RewardWorkerError: the worker process died (crash, signal, ``os._exit``).
+        RewardWorkerError: the worker process died (crash, signal, ``os._exit``), its
+            reply was unreadable or forged, or ``fn``'s value or exception cannot be
+            unpickled in this process (the message keeps the original traceback).
         Exception: whatever ``fn`` raised (from a process: with its traceback as a note).
     """
 
@@ -75,11 +109,6 @@ class RewardFunction:
         if isolation == "process":
             if not isinstance(fn, str) and inspect.iscoroutinefunction(fn):
                 raise TypeError("fn: an async function cannot run in a worker process; use isolation='thread'")
-            if getattr(fn, "__module__", None) == "__main__":
-                raise TypeError(
-                    f"fn: {fn!r} is defined in __main__, which a worker process cannot import; "
-                    "for isolation='process' define it in a module (or pass an import string)"
-                )
             try:
                 pickle.dumps(fn)
             except Exception as exc:
@@ -93,8 +122,11 @@ class RewardFunction:
         self.retries = retries
         self.timeout_reward = timeout_reward
         self._limiter = trio.CapacityLimiter(self.max_workers)
-        self._pool = ProcessPool(self.max_workers) if isolation == "process" else None
+        self._pool = IsolatedWorkers(self.max_workers, what="reward worker process") if isolation == "process" else None
         self._resolved: Callable[..., Any] | None = None
+        self._lock = threading.Lock()  # the counters are touched by abandoned threads too
+        self._calls = self._timeouts = self._not_started = self._hung = 0
+        self._warned = False
 
     def __repr__(self) -> str:
         name = self.fn if isinstance(self.fn, str) else getattr(self.fn, "__qualname__", repr(self.fn))
@@ -104,6 +136,12 @@ class RewardFunction:
     def worker_pids(self) -> set[int]:
         """Process ids of the live worker processes (empty for thread isolation)."""
         return self._pool.pids if self._pool is not None else set()
+
+    @property
+    def statistics(self) -> RewardStatistics:
+        """Counters since construction (see :class:`RewardStatistics`)."""
+        with self._lock:
+            return RewardStatistics(self._calls, self._timeouts, self._not_started, self._hung)
 
     async def __aenter__(self) -> RewardFunction:
         if self._pool is not None:
@@ -118,11 +156,15 @@ class RewardFunction:
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempts = self.retries + 1
+        with self._lock:
+            self._calls += 1
         for attempt in range(1, attempts + 1):
             last = attempt == attempts
             try:
                 return await self._attempt(args, kwargs)
             except RewardTimeoutError as exc:
+                with self._lock:
+                    self._timeouts += 1
                 if not last:
                     logger.warning("%r: attempt %d/%d timed out (%s); retrying", self, attempt, attempts, exc)
                     continue
@@ -143,26 +185,57 @@ class RewardFunction:
 
     async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._pool is not None:
-            return self._unwrap(await self._pool.call(pickle.dumps((self.fn, args, kwargs)), self.timeout))
+            payload = pickle.dumps((self.fn, args, kwargs))
+            try:
+                status, body, text = await self._pool.run(payload, self.timeout)
+                return unpickle_reply(status, body, text, "reward worker process")
+            except WorkerTimedOut as exc:
+                raise RewardTimeoutError(str(exc)) from None
+            except WorkerDied as exc:
+                raise RewardWorkerError(str(exc)) from None
         fn = self._function()
-        with trio.move_on_after(self.timeout) as scope:
-            if inspect.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn):
+            with trio.move_on_after(self.timeout):
                 async with self._limiter:
                     return await fn(*args, **kwargs)
-            return await trio.to_thread.run_sync(
-                functools.partial(fn, *args, **kwargs), limiter=self._limiter, abandon_on_cancel=True
-            )
-        assert scope.cancelled_caught
-        raise RewardTimeoutError(f"no result within {self.timeout} s (the thread was abandoned)")
+            raise RewardTimeoutError(f"no result within {self.timeout} s")
+        state = {"started": False, "finished": False, "abandoned": False}
 
-    @staticmethod
-    def _unwrap(reply: Any) -> Any:
-        if reply[0] == "ok":
-            return reply[1]
-        _, exc, text = reply
-        if isinstance(exc, BaseException):
-            exc.add_note(f"raised in the reward worker process:\n{text}")
-            raise exc
-        raise RewardWorkerError(f"the reward worker failed:\n{text}")
+        def run() -> Any:
+            with self._lock:
+                state["started"] = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    state["finished"] = True
+                    self._hung -= state["abandoned"]
 
+        with trio.move_on_after(self.timeout):
+            return await trio.to_thread.run_sync(run, limiter=self._limiter, abandon_on_cancel=True)
+        with self._lock:
+            if state["started"] and not state["finished"]:
+                state["abandoned"] = True
+                self._hung += 1
+        if state["started"]:
+            raise RewardTimeoutError(f"no result within {self.timeout} s (the thread was abandoned)")
+        self._report_not_started()
+        raise RewardTimeoutError(
+            f"did not run within {self.timeout} s: all {self.max_workers} reward threads are held by hung calls"
+        )
 
+    def _report_not_started(self) -> None:
+        with self._lock:
+            self._not_started += 1
+            hung, first = self._hung, not self._warned
+            self._warned = True
+        msg = (
+            f"{self!r}: a call timed out without running: all {self.max_workers} threads are held by "
+            f"{hung} hung call(s) that cannot be stopped; "
+            + ("every later reward is timeout_reward=" + repr(self.timeout_reward) if self.timeout_reward is not None
+               else "every later reward fails")
+            + " until they return. Use isolation='process' for a verifier that may hang."
+        )  # fmt: skip
+        logger.error(msg)
+        if first:
+            warnings.warn(msg, RewardThreadsExhaustedWarning, stacklevel=4)

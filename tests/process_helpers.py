@@ -1,0 +1,25 @@
+"""Checks on processes the tests start (stdlib only)."""
+
+import os
+
+import trio
+
+
+def dead(pid):
+    """Gone, or a zombie nobody reaped yet (it holds nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+async def wait_dead(pid, timeout=30):
+    """Wait until ``pid`` is dead; kill it anyway (no leftovers) and fail if it is not within ``timeout`` s."""
+    try:
+        with trio.fail_after(timeout):
+            while not dead(pid):
+                await trio.sleep(0.01)
+    finally:
+        if not dead(pid):
+            os.kill(pid, 9)
