@@ -14,14 +14,22 @@ positions) and, when the trajectory says so, ``is_truncated``.
 Writing is safe for several processes appending to one directory: each line is one
 ``write`` on an ``O_APPEND`` descriptor, under a per-file lock (a thread lock within the
 process, ``flock`` across processes), and a failed write is cut back off the file.
+
+No write leaves ``fileroot``, whatever else changes the tree meanwhile: ``fileroot`` is
+opened once, and every directory below it is opened (or made) relative to its parent's
+descriptor with ``O_NOFOLLOW``, so a symlink planted or swapped in anywhere below the
+root is refused, never followed, and nothing is created through it. The file itself must
+be a regular file with one link. A refused dump is logged and counted like an I/O error.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
+import stat
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -312,8 +320,62 @@ class DumpStatistics:
     in_flight: int
 
 
-# Don't follow a planted symlink, don't leak the descriptor into subprocesses (POSIX only).
-_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# Each directory below fileroot: opened relative to its parent, never through a symlink.
+# (getattr: these are POSIX flags; the dumper refuses to start where openat is missing.)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+# The dump file: O_NONBLOCK so a planted FIFO cannot block the open (fstat refuses it after).
+_FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+
+
+class DumpPathRefused(PermissionError):
+    """A path below fileroot that a dump will not use (a symlink, a non-regular file)."""
+
+
+def _refusal(parent: int, name: str, where: str, exc: OSError) -> OSError:
+    """``exc``, or a :class:`DumpPathRefused` naming ``where`` when ``name`` is a symlink."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW's answers for a symlink
+        try:
+            link = stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+        except OSError:
+            link = False
+        if link:
+            return DumpPathRefused(f"{where}: a symbolic link; not followed, so the dump stays inside fileroot")
+    return exc
+
+
+def _open_dir(parent: int, name: str, where: str) -> int:
+    """The directory ``name`` under the descriptor ``parent``, made if missing; never a symlink."""
+    try:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:  # made meanwhile; the open below judges what it is
+                pass
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        raise _refusal(parent, name, where, exc) from None
+
+
+def _open_file(parent: int, name: str, where: str) -> int:
+    """``name`` under ``parent`` for appending, made if missing: a regular file with one link only."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent)
+    except OSError as exc:
+        raise _refusal(parent, name, where, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DumpPathRefused(f"{where}: not a regular file; refused")
+        if st.st_nlink > 1:  # a hard link would carry the lines to a file elsewhere
+            raise DumpPathRefused(f"{where}: has {st.st_nlink} hard links; refused")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
 
 # Per-file locks by striping: the same file always maps to the same lock, and the
 # number of locks stays fixed however many task files a long run creates.
@@ -359,10 +421,15 @@ class TrajectoryDumper:
             raise ValueError(f"tokenizer: required for dumps; expected an object with decode() or a directory, got {tokenizer!r}")
         if max_threads < 1:
             raise ValueError(f"max_threads: must be >= 1, got {max_threads!r}")
+        if os.open not in os.supports_dir_fd or not _NOFOLLOW:
+            raise NotImplementedError("trajectory dumps need openat() and O_NOFOLLOW (a POSIX system)")
         self._root = os.path.realpath(os.fspath(fileroot))
         self.directory = Path(self._root, experiment_name, trial_name)
         if not _is_under(os.path.realpath(self.directory), self._root):
             raise ValueError(f"experiment_name/trial_name: {self.directory} resolves outside fileroot {self._root}")
+        self._names = (experiment_name, trial_name)
+        self._root_fd: int | None = None  # opened at the first dump, closed when the last one ends
+        self._root_lock = threading.Lock()
         self._tokenizer = tokenizer
         self._tokenizer_lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(max_threads)
@@ -398,6 +465,14 @@ class TrajectoryDumper:
             await self._idle.wait()
         if scope.cancelled_caught:
             logger.warning("trajectory dumps still running after 60 s at close: %d", self._in_flight)
+        else:  # else the last dump to end closes it: a thread may still be writing below it
+            self._close_root_once_closed()
+
+    def _close_root_once_closed(self) -> None:
+        with self._root_lock:
+            if self._state == "closed" and self._root_fd is not None:
+                os.close(self._root_fd)
+                self._root_fd = None
 
     def path_for(self, *, task_id: int, version: int, is_eval: bool = False) -> Path:
         """Where the lines of ``task_id`` at ``version`` go."""
@@ -441,6 +516,7 @@ class TrajectoryDumper:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+                self._close_root_once_closed()
         self._lines += lines
         if ok:
             self._dumped += 1
@@ -459,23 +535,34 @@ class TrajectoryDumper:
         if not lines:
             return True, 0
         path = self.path_for(task_id=task_id, version=tail, is_eval=is_eval)
-        written, error = self._append(path, lines)
+        scope = "eval-rollout" if is_eval else "rollout"
+        written, error = self._append((*self._names, scope, str(tail)), f"{task_id}.jsonl", lines)
         if error is not None:
             logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, error)
         return error is None, written
 
-    def _append(self, path: Path, lines: list[str]) -> tuple[int, OSError | None]:
-        """Lines written, and the error that stopped the rest (None when all went)."""
+    def _root_descriptor(self) -> int:
+        """fileroot's descriptor, opened (and fileroot made) once; fileroot itself is trusted."""
+        with self._root_lock:
+            if self._root_fd is None:
+                os.makedirs(self._root, exist_ok=True)
+                self._root_fd = os.open(self._root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+            return self._root_fd
+
+    def _append(self, directories: tuple[str, ...], name: str, lines: list[str]) -> tuple[int, OSError | None]:
+        """Lines written to ``name`` under ``directories``, and the error that stopped the rest."""
         written = 0
+        opened: list[int] = []
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A symlink planted inside the tree (a directory, or the file: O_NOFOLLOW) must
-            # not carry writes out of fileroot.
-            if not _is_under(os.path.realpath(path.parent), self._root):
-                raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            parent = self._root_descriptor()
+            where = self._root
+            for part in directories:
+                where = os.path.join(where, part)
+                parent = _open_dir(parent, part, where)
+                opened.append(parent)
+            fd = _open_file(parent, name, os.path.join(where, name))
             try:
-                with self._locks[hash(str(path)) % _STRIPES]:
+                with self._locks[hash((directories, name)) % _STRIPES]:
                     if fcntl is not None:
                         fcntl.flock(fd, fcntl.LOCK_EX)
                     try:
@@ -489,6 +576,9 @@ class TrajectoryDumper:
                 os.close(fd)
         except OSError as exc:
             return written, exc
+        finally:
+            for directory in opened:
+                os.close(directory)
         return written, None
 
 
