@@ -224,8 +224,13 @@ def trajectory_lines(
     """The version directory and the JSONL lines (each ending in a newline) of one trajectory.
 
     Rows with no attended token, or whose last attended token was not generated, are
-    skipped (their ``sample_idx`` leaves a gap). ``version`` stands in for a trajectory
-    without ``versions``. Raises ``ValueError`` when a required tensor is missing.
+    skipped (their ``sample_idx`` leaves a gap). Raises ``ValueError`` when a required
+    tensor is missing.
+
+    A trajectory without ``versions`` says nothing about the weights that generated it:
+    its generated tokens and its directory get ``version`` when the caller gives one (the
+    reference passes the engine's version at dump time), else -1, "unknown". Either way a
+    warning says which it was, and that it was not read from the trajectory.
     """
     t = _as_trajectory(traj)
     if t.rewards is None or t.loss_mask is None:
@@ -241,8 +246,20 @@ def trajectory_lines(
         version_rows = t.versions.tolist()
         global_tail = int(t.versions.max())
     else:
-        logger.warning("Trajectory missing 'versions' field, defaulting to current inference engine version.")
-        fallback = 0 if version is None else int(version)
+        if version is None:
+            logger.warning(
+                "task %d: the trajectory has no 'versions'; dumped under version -1 (unknown); pass dump(version=...) "
+                "to record one",
+                task_id,
+            )
+        else:
+            logger.warning(
+                "task %d: the trajectory has no 'versions'; dumped under version %d, given by the caller (not read "
+                "from the trajectory)",
+                task_id,
+                version,
+            )
+        fallback = -1 if version is None else int(version)
         version_rows = [[fallback if m == 1 else -1 for m in row] for row in mask_rows]
         global_tail = fallback
     lines = []
@@ -496,7 +513,8 @@ class TrajectoryDumper:
         """Write ``traj``'s rows; True when every line was written.
 
         ``accepted`` is False for a trajectory the acceptance filter rejected.
-        ``version`` (the engine's current version) stands in for missing ``versions``.
+        ``version`` is recorded for a trajectory without ``versions`` (e.g. the engine's
+        version now, as the reference does); without it such rows go under version -1.
         A ``None`` trajectory writes nothing and returns False.
         """
         if self._state != "open":
