@@ -215,7 +215,20 @@ async def test_case19_missing_versions_use_the_given_version_with_a_warning(tmp_
     (record,) = lines_of(tmp_path / "e/t/rollout/7/0.jsonl")
     assert (record["head_version"], record["tail_version"], record["version_rle"]) == (7, 7, [[7, 2]])
     assert record["tokens"]["versions"] == [-1, 7, 7]
-    assert "missing 'versions'" in caplog.text
+    assert "task 0: the trajectory has no 'versions'; dumped under version 7, given by the caller" in caplog.text
+
+
+async def test_missing_versions_without_a_given_version_go_under_minus_one_unknown(tmp_path, dumper, caplog):
+    """Issue 17 item 10: not under version 0 with a warning claiming the engine's version."""
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.dump"):
+        async with dumper:
+            assert await dumper.dump(traj([[1, 2, 3]], [[0, 1, 1]]), task_id=4)
+    (record,) = lines_of(tmp_path / "e/t/rollout/-1/4.jsonl")
+    assert (record["head_version"], record["tail_version"], record["version_rle"]) == (-1, -1, [[-1, 2]])
+    assert record["tokens"]["versions"] == [-1, -1, -1]
+    assert "task 4: the trajectory has no 'versions'; dumped under version -1 (unknown)" in caplog.text
+    assert "engine" not in caplog.text
+    assert [r.version for r in read_dump(tmp_path)] == [-1]
 
 
 async def test_case20_eval_rollouts_go_to_eval_rollout(tmp_path, dumper):
@@ -335,7 +348,7 @@ async def test_a_symlink_planted_later_is_not_followed(tmp_path, caplog):
             assert await dumper.dump(traj([[1, 2]], [[0, 1]], [[-1, 1]]), task_id=7) is False
     assert list(outside.iterdir()) == []
     assert dumper.statistics().dump_failed == 2
-    assert "outside fileroot" in caplog.text
+    assert caplog.text.count("a symbolic link; not followed, so the dump stays inside fileroot") == 2
 
 
 # ---------------------------------------------------------------- I/O errors: logged, counted, never raised

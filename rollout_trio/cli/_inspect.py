@@ -11,7 +11,7 @@ import attrs
 
 from ..executor import DumpRecord
 from ._common import CommandError, Parser, load_tokenizer, positive_int, run_command
-from ..executor._dump import iter_dump
+from ..executor._dump import MAX_LINE_BYTES, iter_dump
 
 __all__ = ["DumpSummary", "VersionSummary", "histogram", "inspect_main", "summarize"]
 
@@ -195,6 +195,12 @@ def _parser() -> Parser:
         help="histogram bins (default: one per value for rewards on a grid, else 10)",
     )
     p.add_argument(
+        "--max-line-bytes",
+        type=positive_int,
+        default=MAX_LINE_BYTES,
+        help=f"refuse a dump line longer than this (default: {MAX_LINE_BYTES}); bounds the memory one line takes",
+    )
+    p.add_argument(
         "--tokenizer",
         metavar="DIR",
         help="a local tokenizer directory to show completions token by token (default: none)",
@@ -206,7 +212,7 @@ def _inspect(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     # Statistics from light records (no tokens or texts), so a big dump fits in memory;
     # only the rows the page shows are read in full, in a second pass.
-    records = list(iter_dump(args.dump_dir, light=True))
+    records = list(iter_dump(args.dump_dir, light=True, max_line_bytes=args.max_line_bytes))
     if not records:
         raise CommandError(f"{args.dump_dir}: no dump records there")
     summary = summarize(records, bins=args.bins)
@@ -214,7 +220,9 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.html:
         from ._inspect_html import pick_samples, render_page
 
-        shown = list(iter_dump(args.dump_dir, only=set(pick_samples(records, args.samples))))
+        shown = list(
+            iter_dump(args.dump_dir, only=set(pick_samples(records, args.samples)), max_line_bytes=args.max_line_bytes)
+        )
         page = render_page(records, summary, shown, source=args.dump_dir, tokenizer=tokenizer)
         Path(args.html).write_text(page, encoding="utf-8")
         print(f"wrote {args.html}")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -24,6 +27,36 @@ def _check(text: str, predicate: Any) -> Any:
             raise ValueError(f"RolloutConfig.{attribute.name}: must be {text}, got {value!r}")
 
     return check
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+# The type rule of a scalar field read from a file: no coercion (true is not 1, '8' is not 8).
+_TYPE_RULES: dict[Any, tuple[str, Callable[[Any], bool]]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("an integer", is_int),
+    float: ("a number", _is_number),
+    str: ("a string", lambda v: isinstance(v, str)),
+}
+
+
+def _type_rule(annotation: Any) -> tuple[str, Callable[[Any], bool]] | None:
+    """``(rule, check)`` for a scalar or optional scalar annotation, else None."""
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = [a for a in args if a is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in _TYPE_RULES:
+        return None
+    text, check = _TYPE_RULES[kinds[0]]
+    if len(kinds) == len(args):
+        return text, check
+    return f"null or {text}", lambda v: v is None or check(v)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 _pos_int = _check("an integer >= 1", lambda v: is_int(v) and v >= 1)
@@ -106,10 +139,16 @@ class RolloutConfig:
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"RolloutConfig: expected a mapping of settings, got {type(data).__name__}")
-        known = {a.name for a in attrs.fields(cls)}
-        unknown = sorted(str(k) for k in data if k not in known)
+        fields = {a.name: a for a in attrs.fields(cls)}
+        unknown = sorted(str(k)[:80] for k in data if k not in fields)
         if unknown:
-            raise ValueError(f"RolloutConfig: unknown keys {unknown}; known keys are {sorted(known)}")
+            raise ValueError(f"RolloutConfig: unknown keys {unknown}; known keys are {sorted(fields)}")
+        # Scalars are taken as they are, so a wrong type is an error naming the field, never
+        # coerced (the converter would turn true into 1, '8' into 8 and bytes into "b'...'").
+        for name, value in data.items():
+            rule = _type_rule(fields[name].type)
+            if rule is not None and not rule[1](value):
+                raise ValueError(f"RolloutConfig.{name}: must be {rule[0]}, got {_shown(value)} ({type(value).__name__})")
         try:
             return converter.structure(dict(data), cls)
         except cattrs.BaseValidationError as exc:
@@ -124,17 +163,21 @@ class RolloutConfig:
         """Read a YAML (``.yaml``/``.yml``) or JSON file.
 
         A top-level ``rollout:`` section is used when present, so one trainer config
-        file can hold it next to other sections.
+        file can hold it next to other sections. YAML anchors and aliases are refused
+        (an alias bomb would expand without bound), and values keep their own types.
+
+        Raises:
+            ValueError: naming the file for a file that does not parse, else as :meth:`from_dict`.
         """
         path = os.fspath(path)
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml  # type: ignore[import-untyped,unused-ignore]
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+        try:
+            data = _load_yaml(text, path) if path.endswith((".yaml", ".yml")) else json.loads(text)
+        except RecursionError:
+            raise ValueError(f"{path}: nested too deeply to be a RolloutConfig file") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
         if isinstance(data, Mapping) and isinstance(data.get("rollout"), Mapping) and len(data) == 1:
             data = data["rollout"]
         return cls.from_dict(data if data is not None else {})
@@ -149,6 +192,27 @@ class RolloutConfig:
         if not isinstance(config, cls):
             raise TypeError(f"config: expected a RolloutConfig or a mapping, got {type(config).__name__}")
         return attrs.evolve(config, **overrides) if overrides else config
+
+
+def _load_yaml(text: str, path: str) -> Any:
+    """``text`` parsed by PyYAML's safe loader, refusing anchors and aliases."""
+    import yaml  # type: ignore[import-untyped,unused-ignore]
+
+    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                line = event.start_mark.line + 1
+                raise ValueError(
+                    f"{path}:{line}: YAML anchors and aliases (&{event.anchor} / *{event.anchor}) are not allowed "
+                    "in a RolloutConfig file; write each value out"
+                )
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
 
 
 # Resolved here, while __module__ still names this module (the package re-exports it).

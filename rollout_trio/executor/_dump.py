@@ -14,14 +14,22 @@ positions) and, when the trajectory says so, ``is_truncated``.
 Writing is safe for several processes appending to one directory: each line is one
 ``write`` on an ``O_APPEND`` descriptor, under a per-file lock (a thread lock within the
 process, ``flock`` across processes), and a failed write is cut back off the file.
+
+No write leaves ``fileroot``, whatever else changes the tree meanwhile: ``fileroot`` is
+opened once, and every directory below it is opened (or made) relative to its parent's
+descriptor with ``O_NOFOLLOW``, so a symlink planted or swapped in anywhere below the
+root is refused, never followed, and nothing is created through it. The file itself must
+be a regular file with one link. A refused dump is logged and counted like an I/O error.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
+import stat
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -216,8 +224,13 @@ def trajectory_lines(
     """The version directory and the JSONL lines (each ending in a newline) of one trajectory.
 
     Rows with no attended token, or whose last attended token was not generated, are
-    skipped (their ``sample_idx`` leaves a gap). ``version`` stands in for a trajectory
-    without ``versions``. Raises ``ValueError`` when a required tensor is missing.
+    skipped (their ``sample_idx`` leaves a gap). Raises ``ValueError`` when a required
+    tensor is missing.
+
+    A trajectory without ``versions`` says nothing about the weights that generated it:
+    its generated tokens and its directory get ``version`` when the caller gives one (the
+    reference passes the engine's version at dump time), else -1, "unknown". Either way a
+    warning says which it was, and that it was not read from the trajectory.
     """
     t = _as_trajectory(traj)
     if t.rewards is None or t.loss_mask is None:
@@ -233,8 +246,20 @@ def trajectory_lines(
         version_rows = t.versions.tolist()
         global_tail = int(t.versions.max())
     else:
-        logger.warning("Trajectory missing 'versions' field, defaulting to current inference engine version.")
-        fallback = 0 if version is None else int(version)
+        if version is None:
+            logger.warning(
+                "task %d: the trajectory has no 'versions'; dumped under version -1 (unknown); pass dump(version=...) "
+                "to record one",
+                task_id,
+            )
+        else:
+            logger.warning(
+                "task %d: the trajectory has no 'versions'; dumped under version %d, given by the caller (not read "
+                "from the trajectory)",
+                task_id,
+                version,
+            )
+        fallback = -1 if version is None else int(version)
         version_rows = [[fallback if m == 1 else -1 for m in row] for row in mask_rows]
         global_tail = fallback
     lines = []
@@ -312,8 +337,62 @@ class DumpStatistics:
     in_flight: int
 
 
-# Don't follow a planted symlink, don't leak the descriptor into subprocesses (POSIX only).
-_OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# Each directory below fileroot: opened relative to its parent, never through a symlink.
+# (getattr: these are POSIX flags; the dumper refuses to start where openat is missing.)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+# The dump file: O_NONBLOCK so a planted FIFO cannot block the open (fstat refuses it after).
+_FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+
+
+class DumpPathRefused(PermissionError):
+    """A path below fileroot that a dump will not use (a symlink, a non-regular file)."""
+
+
+def _refusal(parent: int, name: str, where: str, exc: OSError) -> OSError:
+    """``exc``, or a :class:`DumpPathRefused` naming ``where`` when ``name`` is a symlink."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW's answers for a symlink
+        try:
+            link = stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+        except OSError:
+            link = False
+        if link:
+            return DumpPathRefused(f"{where}: a symbolic link; not followed, so the dump stays inside fileroot")
+    return exc
+
+
+def _open_dir(parent: int, name: str, where: str) -> int:
+    """The directory ``name`` under the descriptor ``parent``, made if missing; never a symlink."""
+    try:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:  # made meanwhile; the open below judges what it is
+                pass
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        raise _refusal(parent, name, where, exc) from None
+
+
+def _open_file(parent: int, name: str, where: str) -> int:
+    """``name`` under ``parent`` for appending, made if missing: a regular file with one link only."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent)
+    except OSError as exc:
+        raise _refusal(parent, name, where, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DumpPathRefused(f"{where}: not a regular file; refused")
+        if st.st_nlink > 1:  # a hard link would carry the lines to a file elsewhere
+            raise DumpPathRefused(f"{where}: has {st.st_nlink} hard links; refused")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
 
 # Per-file locks by striping: the same file always maps to the same lock, and the
 # number of locks stays fixed however many task files a long run creates.
@@ -359,10 +438,15 @@ class TrajectoryDumper:
             raise ValueError(f"tokenizer: required for dumps; expected an object with decode() or a directory, got {tokenizer!r}")
         if max_threads < 1:
             raise ValueError(f"max_threads: must be >= 1, got {max_threads!r}")
+        if os.open not in os.supports_dir_fd or not _NOFOLLOW:
+            raise NotImplementedError("trajectory dumps need openat() and O_NOFOLLOW (a POSIX system)")
         self._root = os.path.realpath(os.fspath(fileroot))
         self.directory = Path(self._root, experiment_name, trial_name)
         if not _is_under(os.path.realpath(self.directory), self._root):
             raise ValueError(f"experiment_name/trial_name: {self.directory} resolves outside fileroot {self._root}")
+        self._names = (experiment_name, trial_name)
+        self._root_fd: int | None = None  # opened at the first dump, closed when the last one ends
+        self._root_lock = threading.Lock()
         self._tokenizer = tokenizer
         self._tokenizer_lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(max_threads)
@@ -398,6 +482,14 @@ class TrajectoryDumper:
             await self._idle.wait()
         if scope.cancelled_caught:
             logger.warning("trajectory dumps still running after 60 s at close: %d", self._in_flight)
+        else:  # else the last dump to end closes it: a thread may still be writing below it
+            self._close_root_once_closed()
+
+    def _close_root_once_closed(self) -> None:
+        with self._root_lock:
+            if self._state == "closed" and self._root_fd is not None:
+                os.close(self._root_fd)
+                self._root_fd = None
 
     def path_for(self, *, task_id: int, version: int, is_eval: bool = False) -> Path:
         """Where the lines of ``task_id`` at ``version`` go."""
@@ -421,7 +513,8 @@ class TrajectoryDumper:
         """Write ``traj``'s rows; True when every line was written.
 
         ``accepted`` is False for a trajectory the acceptance filter rejected.
-        ``version`` (the engine's current version) stands in for missing ``versions``.
+        ``version`` is recorded for a trajectory without ``versions`` (e.g. the engine's
+        version now, as the reference does); without it such rows go under version -1.
         A ``None`` trajectory writes nothing and returns False.
         """
         if self._state != "open":
@@ -441,6 +534,7 @@ class TrajectoryDumper:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+                self._close_root_once_closed()
         self._lines += lines
         if ok:
             self._dumped += 1
@@ -459,23 +553,34 @@ class TrajectoryDumper:
         if not lines:
             return True, 0
         path = self.path_for(task_id=task_id, version=tail, is_eval=is_eval)
-        written, error = self._append(path, lines)
+        scope = "eval-rollout" if is_eval else "rollout"
+        written, error = self._append((*self._names, scope, str(tail)), f"{task_id}.jsonl", lines)
         if error is not None:
             logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, error)
         return error is None, written
 
-    def _append(self, path: Path, lines: list[str]) -> tuple[int, OSError | None]:
-        """Lines written, and the error that stopped the rest (None when all went)."""
+    def _root_descriptor(self) -> int:
+        """fileroot's descriptor, opened (and fileroot made) once; fileroot itself is trusted."""
+        with self._root_lock:
+            if self._root_fd is None:
+                os.makedirs(self._root, exist_ok=True)
+                self._root_fd = os.open(self._root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+            return self._root_fd
+
+    def _append(self, directories: tuple[str, ...], name: str, lines: list[str]) -> tuple[int, OSError | None]:
+        """Lines written to ``name`` under ``directories``, and the error that stopped the rest."""
         written = 0
+        opened: list[int] = []
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # A symlink planted inside the tree (a directory, or the file: O_NOFOLLOW) must
-            # not carry writes out of fileroot.
-            if not _is_under(os.path.realpath(path.parent), self._root):
-                raise PermissionError(f"{path.parent} resolves outside fileroot {self._root}")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _OPEN_FLAGS, 0o644)
+            parent = self._root_descriptor()
+            where = self._root
+            for part in directories:
+                where = os.path.join(where, part)
+                parent = _open_dir(parent, part, where)
+                opened.append(parent)
+            fd = _open_file(parent, name, os.path.join(where, name))
             try:
-                with self._locks[hash(str(path)) % _STRIPES]:
+                with self._locks[hash((directories, name)) % _STRIPES]:
                     if fcntl is not None:
                         fcntl.flock(fd, fcntl.LOCK_EX)
                     try:
@@ -489,6 +594,9 @@ class TrajectoryDumper:
                 os.close(fd)
         except OSError as exc:
             return written, exc
+        finally:
+            for directory in opened:
+                os.close(directory)
         return written, None
 
 
@@ -509,46 +617,141 @@ def _write_line(fd: int, data: bytes) -> None:
 
 # ---------------------------------------------------------------------------- reading
 
+#: The longest dump line :func:`read_dump` reads, in bytes (about 1M tokens with their texts).
+#: A line is parsed whole, so this bounds the memory one record may take.
+MAX_LINE_BYTES = 64 * 2**20
+
+_ROLES = ("prompt", "gen", "context")
+
+
+class _Rule(ValueError):
+    """A field of a dump line that breaks its rule: ``field: rule, got value``."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _broken(field: str, rule: str, value: Any) -> _Rule:
+    return _Rule(f"{field}: must be {rule}, got {_shown(value)} ({type(value).__name__})")
+
+
+def _get(obj: Mapping[str, Any], field: str) -> Any:
+    if field not in obj:
+        raise _Rule(f"{field}: missing")
+    return obj[field]
+
+
+def _int(value: Any, field: str) -> int:
+    if type(value) is not int:  # JSON has no other integers; never a bool, a float or a string
+        raise _broken(field, "an integer", value)
+    return value
+
+
+def _float(value: Any, field: str) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:
+            raise _Rule(f"{field}: must be a number a float can hold, got an integer of {value.bit_length()} bits") from None
+    raise _broken(field, "a number", value)
+
+
+def _str(value: Any, field: str) -> str:
+    if type(value) is not str:
+        raise _broken(field, "a string", value)
+    return value
+
+
+def _bool(value: Any, field: str) -> bool:
+    if type(value) is not bool:
+        raise _broken(field, "true or false", value)
+    return value
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _broken(field, "an object", value)
+    return value
+
+
+def _ints(value: Any, field: str) -> tuple[int, ...]:
+    if type(value) is not list or not set(map(type, value)) <= {int}:
+        raise _broken(field, "a list of integers", value)
+    return tuple(value)
+
+
+def _floats(value: Any, field: str) -> tuple[float, ...]:
+    if type(value) is not list or not set(map(type, value)) <= {float, int}:
+        raise _broken(field, "a list of numbers", value)
+    return tuple(_float(v, f"{field}[{i}]") for i, v in enumerate(value))
+
+
+def _rle(value: Any) -> tuple[tuple[int, int], ...]:
+    if type(value) is not list:
+        raise _broken("version_rle", "a list of [version, count] pairs", value)
+    runs = []
+    for i, run in enumerate(value):
+        if type(run) is not list or len(run) != 2:
+            raise _broken(f"version_rle[{i}]", "a [version, count] pair", run)
+        runs.append((_int(run[0], f"version_rle[{i}][0]"), _int(run[1], f"version_rle[{i}][1]")))
+    return tuple(runs)
+
 
 def _segments(value: Any) -> tuple[DumpSegment, ...] | None:
     if value is None:
         return None
-    return tuple(DumpSegment(s["role"], int(s["len"]), str(s["text"])) for s in value)
+    if type(value) is not list:
+        raise _broken("segments", "a list of objects", value)
+    segments = []
+    for i, item in enumerate(value):
+        seg = _object(item, f"segments[{i}]")
+        role = _get(seg, "role")
+        if role not in _ROLES:
+            raise _broken(f"segments[{i}].role", f"one of {list(_ROLES)}", role)
+        segments.append(
+            DumpSegment(role, _int(_get(seg, "len"), f"segments[{i}].len"), _str(_get(seg, "text"), f"segments[{i}].text"))
+        )
+    return tuple(segments)
 
 
 def _tokens(value: Any) -> DumpTokens | None:
     if value is None:
         return None
-    logprobs = value.get("logprobs")
+    tokens = _object(value, "tokens")
+    logprobs = tokens.get("logprobs")
     return DumpTokens(
-        input_ids=tuple(int(v) for v in value["input_ids"]),
-        loss_mask=tuple(int(v) for v in value["loss_mask"]),
-        logprobs=None if logprobs is None else tuple(float(v) for v in logprobs),
-        versions=tuple(int(v) for v in value["versions"]),
+        input_ids=_ints(_get(tokens, "input_ids"), "tokens.input_ids"),
+        loss_mask=_ints(_get(tokens, "loss_mask"), "tokens.loss_mask"),
+        logprobs=None if logprobs is None else _floats(logprobs, "tokens.logprobs"),
+        versions=_ints(_get(tokens, "versions"), "tokens.versions"),
     )
 
 
 def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    """``obj`` (a parsed line) as a record; every value must have its field's JSON type."""
+    obj = _object(obj, "the line")
     truncated = obj.get("is_truncated")
     original = obj.get("original_reward")
     return DumpRecord(
-        task_id=int(obj["task_id"]),
-        sample_idx=int(obj["sample_idx"]),
-        seqlen=int(obj["seqlen"]),
-        prompt_len=int(obj["prompt_len"]),
-        head_version=int(obj["head_version"]),
-        tail_version=int(obj["tail_version"]),
-        version_rle=tuple((int(v), int(c)) for v, c in obj["version_rle"]),
-        reward=float(obj["reward"]),
-        prompt=str(obj["prompt"]),
-        completion=str(obj["completion"]),
+        task_id=_int(_get(obj, "task_id"), "task_id"),
+        sample_idx=_int(_get(obj, "sample_idx"), "sample_idx"),
+        seqlen=_int(_get(obj, "seqlen"), "seqlen"),
+        prompt_len=_int(_get(obj, "prompt_len"), "prompt_len"),
+        head_version=_int(_get(obj, "head_version"), "head_version"),
+        tail_version=_int(_get(obj, "tail_version"), "tail_version"),
+        version_rle=_rle(_get(obj, "version_rle")),
+        reward=_float(_get(obj, "reward"), "reward"),
+        prompt=_str(_get(obj, "prompt"), "prompt"),
+        completion=_str(_get(obj, "completion"), "completion"),
         segments=_segments(obj.get("segments")),
-        original_reward=None if original is None else float(original),
-        accepted=bool(obj.get("accepted", True)),
+        original_reward=None if original is None else _float(original, "original_reward"),
+        accepted=_bool(obj.get("accepted", True), "accepted"),
         tokens=_tokens(obj.get("tokens")),
-        is_truncated=None if truncated is None else bool(truncated),
+        is_truncated=None if truncated is None else _bool(truncated, "is_truncated"),
         version=version,
         is_eval=is_eval,
     )
@@ -562,48 +765,80 @@ def _dump_file_key(path: Path) -> tuple[bool, int, int] | None:
     return SCOPES[scope], int(version), int(task)
 
 
-def read_dump(path: str | os.PathLike[str]) -> list[DumpRecord]:
+def read_dump(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES) -> list[DumpRecord]:
     """Load a dump (a directory at any level of the layout, or one ``.jsonl`` file) into records.
 
     Records come ordered by scope (training first), version, task id, then line order.
+    Every value must have its field's JSON type (``"accepted": "false"`` is an error, not
+    True); a line longer than ``max_line_bytes`` is an error, found without reading it whole.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: naming the file and line, for a line that is not a dump record.
+        ValueError: naming the file and line, for a line that is not a dump record; naming
+            the file, for a dump file that is not a regular file (a FIFO, a directory).
     """
-    return list(iter_dump(path))
+    return list(iter_dump(path, max_line_bytes=max_line_bytes))
 
 
 def iter_dump(
-    path: str | os.PathLike[str], *, light: bool = False, only: Container[int] | None = None
+    path: str | os.PathLike[str],
+    *,
+    light: bool = False,
+    only: Container[int] | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[DumpRecord]:
     """:func:`read_dump`, one record at a time, for dumps too big to hold.
 
-    ``light`` drops ``tokens``, ``segments`` and the texts (the bulk of a line);
+    ``light`` drops ``tokens``, ``segments`` and the texts (the bulk of a line) unchecked;
     ``only`` parses just the records at these positions (in read order) and skips the
     other lines unparsed.
     """
+    if type(max_line_bytes) is not int or max_line_bytes < 1:
+        raise ValueError(f"max_line_bytes: must be an integer >= 1, got {max_line_bytes!r}")
     root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"dump path {str(root)!r} does not exist")
-    if root.is_file():
+    try:
+        mode = root.stat().st_mode  # stat, not open: a FIFO given here must not block
+    except FileNotFoundError:
+        raise FileNotFoundError(f"dump path {str(root)!r} does not exist") from None
+    if stat.S_ISREG(mode):
         key = _dump_file_key(root.absolute())
         if key is None:
             raise ValueError(f"{root}: not a dump file; expected …/rollout|eval-rollout/<version>/<task_id>.jsonl")
         keyed = [(key, root)]
-    else:  # other JSON-lines files beside a dump (a trainer's logs) are not dump files: skip them
+    elif stat.S_ISDIR(mode):  # other JSON-lines files beside a dump (a trainer's logs) are not dump files: skip them
         found = ((_dump_file_key(f.absolute()), f) for f in root.rglob("*.jsonl"))
         keyed = sorted((key, f) for key, f in found if key is not None)
-    return _iter_records(keyed, light, only)
+    else:
+        raise ValueError(f"{root}: not a regular file or a directory; expected a dump directory or a .jsonl file")
+    return _iter_records(keyed, light, only, max_line_bytes)
+
+
+def _open_regular(file: Path) -> Any:
+    """``file`` opened for binary reading, if it is a regular file (checked on the open descriptor)."""
+    # O_NONBLOCK: opening a FIFO for reading would wait for a writer.
+    fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{file}: not a regular file; a dump file is a regular .jsonl file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _iter_records(
-    keyed: list[tuple[tuple[bool, int, int], Path]], light: bool, only: Container[int] | None
+    keyed: list[tuple[tuple[bool, int, int], Path]], light: bool, only: Container[int] | None, max_line_bytes: int
 ) -> Iterator[DumpRecord]:
     index = -1
     for (is_eval, version, _), file in keyed:
-        with file.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        with _open_regular(file) as fh:
+            lineno = 0
+            while line := fh.readline(max_line_bytes + 1):  # never more than the bound in memory
+                lineno += 1
+                if len(line.rstrip(b"\n")) > max_line_bytes:
+                    raise ValueError(
+                        f"{file}:{lineno}: line longer than {max_line_bytes} bytes (max_line_bytes); not read"
+                    )
                 if not line.strip():
                     continue
                 index += 1
@@ -614,6 +849,7 @@ def _iter_records(
                     if light and isinstance(obj, dict):
                         obj.update(prompt="", completion="", tokens=None, segments=None)
                     record = _record(obj, version, is_eval)
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{file}:{lineno}: not a dump record: {exc!r}") from None
+                except (ValueError, RecursionError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
+                    detail = str(exc) if isinstance(exc, _Rule) else f"{type(exc).__name__}: {exc}"
+                    raise ValueError(f"{file}:{lineno}: not a dump record: {detail}") from None
                 yield record
