@@ -31,6 +31,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _start_router(urls: list[str], log: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """sglang-router on a free port, listing ``urls`` as healthy; a port another process
+    took first (the router then exits) is retried with another."""
+    for _ in range(3):
+        port = _free_port()
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+             "--policy", "round_robin", "--log-level", "warn", "--worker-urls", *urls],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ),
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while router.poll() is None and time.monotonic() < deadline:
+            try:
+                listed = httpx.get(f"http://127.0.0.1:{port}/workers", timeout=2).json()["workers"]
+                if sorted(w["url"] for w in listed if w["is_healthy"]) == urls:
+                    return router, f"127.0.0.1:{port}"
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                pass
+            time.sleep(0.2)
+        router.kill()
+        router.wait(15)
+    raise RuntimeError(f"sglang-router did not come up with the workers (log: {log.name})")
+
+
 class Fleet:
     def __init__(self, workers: list[ServeProcess], router: subprocess.Popen[bytes], address: str) -> None:
         self.workers, self.router, self.address = workers, router, address
@@ -46,30 +70,15 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with ThreadPoolExecutor(2) as pool:  # they boot in parallel
         workers = list(pool.map(lambda _: ServeProcess("--step-delay", "0.02", "--segment-tokens", "4"), range(2)))
-    port = _free_port()
     log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")  # noqa: SIM115 - closed below
-    router = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-         "--policy", "round_robin", "--log-level", "warn", "--worker-urls", *(w.url for w in workers)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=dict(os.environ),
-    )  # fmt: skip
-    address = f"127.0.0.1:{port}"
+    router = None
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                listed = httpx.get(f"http://{address}/workers", timeout=2).json()["workers"]
-                if len(listed) == 2 and all(w["is_healthy"] for w in listed):
-                    break
-            except (httpx.HTTPError, ValueError, KeyError):
-                pass
-            if time.monotonic() > deadline or router.poll() is not None:
-                raise RuntimeError(f"sglang-router did not come up with both workers (log: {log.name})")
-            time.sleep(0.2)
+        router, address = _start_router(sorted(w.url for w in workers), log)
         yield Fleet(workers, router, address)
     finally:
-        router.terminate()
-        router.wait(15)
+        if router is not None:
+            router.terminate()
+            router.wait(15)
         log.close()
         for w in workers:
             w.stop()
