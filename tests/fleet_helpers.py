@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO
 
 import httpx
 
@@ -28,11 +29,41 @@ _ROUTER = re.compile(r"^router: (http://\S+) \(pid (\d+), (\d+) workers, metrics
 STARTUP_DEADLINE = 100.0
 
 
-def _drain(stream: object, lines: queue.Queue[str | None], record: list[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        record.append(line.rstrip("\n"))
-        lines.put(line.rstrip("\n"))
-    lines.put(None)
+class Lines:
+    """A text stream's lines, read by a thread, so a test can wait for one with a deadline."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        for line in self.stream:
+            self.seen.append(line.rstrip("\n"))
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def expect(self, pattern: str, timeout: float = STARTUP_DEADLINE) -> re.Match[str]:
+        """The next line matching ``pattern``; fails after ``timeout`` seconds or at EOF."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                self._queue.put(None)  # EOF stays EOF for the next caller
+                raise AssertionError(f"the stream ended before a line matching {pattern!r}; last: {self.seen[-5:]}")
+            if found := re.search(pattern, line):
+                return found
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s; last: {self.seen[-5:]}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Wait for EOF (the process ended) and close the stream."""
+        self._thread.join(timeout)
+        self.stream.close()
 
 
 def descendants_of(token: str) -> list[int]:
@@ -79,34 +110,16 @@ class FleetProcess:
             env=env,
             text=True,
         )
-        self.out: queue.Queue[str | None] = queue.Queue()
-        self.err: queue.Queue[str | None] = queue.Queue()
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self._readers = [
-            threading.Thread(target=_drain, args=(stream, q, record), daemon=True)
-            for stream, q, record in ((self.proc.stdout, self.out, self.stdout), (self.proc.stderr, self.err, self.stderr))
-        ]
-        for reader in self._readers:
-            reader.start()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.out, self.err = Lines(self.proc.stdout), Lines(self.proc.stderr)
+        self.stdout, self.stderr = self.out.seen, self.err.seen
         self.workers: list[tuple[str, int]] = []  # (url, pid) by worker index
         self.router = ""
         self.router_pid = 0
 
     def expect(self, pattern: str, *, stream: str = "out", timeout: float = STARTUP_DEADLINE) -> re.Match[str]:
-        """The next line of ``stream`` matching ``pattern``; fails after ``timeout`` or at EOF."""
-        lines = self.out if stream == "out" else self.err
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"fleet's {stream} ended before {pattern!r}; stderr: {self.stderr[-5:]}")
-            if found := re.search(pattern, line):
-                return found
-        raise AssertionError(f"no {pattern!r} on the fleet's {stream} within {timeout} s; stderr: {self.stderr[-5:]}")
+        """The next line of the fleet's ``stream`` ("out" or "err") matching ``pattern``."""
+        return (self.out if stream == "out" else self.err).expect(pattern, timeout)
 
     def wait_ready(self, workers: int) -> None:
         """Read the worker lines and the router line (the command's 'ready' signal)."""
@@ -130,8 +143,8 @@ class FleetProcess:
     def wait(self, timeout: float = 60.0) -> int:
         """The exit status, once the process ended and everything it printed was read."""
         status = self.proc.wait(timeout)
-        for reader in self._readers:
-            reader.join(timeout)
+        for lines in (self.out, self.err):
+            lines._thread.join(timeout)
         return status
 
     def stop(self) -> None:
@@ -145,11 +158,8 @@ class FleetProcess:
                 self.proc.wait(10)
         for pid in self.survivors():  # never leave a child behind, even when a test failed
             os.kill(pid, signal.SIGKILL)
-        for reader in self._readers:
-            reader.join(10)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        self.out.close()
+        self.err.close()
 
 
 @contextmanager
@@ -161,6 +171,7 @@ def fleet(*args: str, workers: int = 2) -> Iterator[FleetProcess]:
         yield process
     finally:
         process.stop()
+        print("\n".join(["the fleet's stderr:", *process.stderr]), file=sys.stderr)  # shown if a test failed
 
 
 def worker_stats(url: str) -> dict[str, object]:

@@ -71,6 +71,8 @@ class _FleetParser(Parser):
         serve.prog = self.prog  # its usage errors are this command's: one line, exit 2
         if serve.parse_args(rest).threads is None:  # N workers share the cores, not each all of them
             rest = [*rest, "--threads", str(max(1, (os.cpu_count() or 1) // parsed.workers))]
+        if parsed.debug:  # a worker's failure comes with its traceback too
+            rest = [*rest, "--debug"]
         parsed.worker_options = rest
         return parsed
 
