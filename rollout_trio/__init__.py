@@ -15,8 +15,10 @@ from ._errors import EngineError as EngineError
 from ._errors import EngineProtocolError as EngineProtocolError
 from ._errors import EngineServerError as EngineServerError
 from ._errors import EngineTimeoutError as EngineTimeoutError
+from ._errors import FleetError as FleetError
 from ._errors import GroupRolloutError as GroupRolloutError
 from ._errors import RolloutError as RolloutError
+from ._errors import ServerUnavailableError as ServerUnavailableError
 from ._errors import UnsupportedRequestError as UnsupportedRequestError
 from ._errors import VersionMismatchError as VersionMismatchError
 from ._errors import WorkflowContractError as WorkflowContractError
@@ -66,6 +68,7 @@ __all__ = [
     "EngineTimeoutError",
     "ExecutorFailed",
     "ExecutorObserver",
+    "FleetError",
     "GenerationConfig",
     "GroupedRolloutWorkflow",
     "GroupRolloutError",
@@ -84,6 +87,7 @@ __all__ = [
     "RolloutExecutor",
     "RolloutGroup",
     "RolloutWorkflow",
+    "ServerUnavailableError",
     "SyncRolloutExecutor",
     "Trajectory",
     "TrajectoryDumper",

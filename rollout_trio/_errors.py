@@ -10,6 +10,8 @@ The hierarchy::
     │   ├── EngineServerError                        the server answered with an error status
     │   ├── EngineProtocolError                      the server's answer was malformed
     │   ├── VersionMismatchError                     a server reported an unexpected weight version
+    │   ├── ServerUnavailableError                   one server of a fleet was taken out of service
+    │   ├── FleetError                               a control call (pause, update...) failed on servers
     │   └── UnsupportedRequestError (also ValueError) the engine cannot honour a request setting
     └── GroupRolloutError (also an ExceptionGroup)   one or more slots of a group failed
 
@@ -29,8 +31,10 @@ __all__ = [
     "EngineProtocolError",
     "EngineServerError",
     "EngineTimeoutError",
+    "FleetError",
     "GroupRolloutError",
     "RolloutError",
+    "ServerUnavailableError",
     "UnsupportedRequestError",
     "VersionMismatchError",
     "WorkflowContractError",
@@ -79,6 +83,31 @@ class EngineProtocolError(EngineError):
 
 class VersionMismatchError(EngineError):
     """A server reported a weight version other than the one pinned for the segment."""
+
+
+class ServerUnavailableError(EngineError):
+    """A server could not take part in a control call (unreachable, timed out, 5xx) and was
+    taken out of service; it serves again only once healthy and at the fleet's version.
+
+    ``server`` is its base URL; ``__cause__`` is the error that took it out.
+    """
+
+    def __init__(self, message: str, *, server: str) -> None:
+        super().__init__(message)
+        self.server = server
+
+
+class FleetError(EngineError):
+    """A control call (pause, resume, update_weights) failed on one or more servers.
+
+    ``errors`` maps each failed server's base URL to its error. Servers that were merely
+    unavailable are skipped (see :class:`ServerUnavailableError`); this is raised when a
+    server refused the call or when the call reached no server at all.
+    """
+
+    def __init__(self, message: str, errors: dict[str, EngineError]) -> None:
+        super().__init__(message)
+        self.errors = dict(errors)
 
 
 class UnsupportedRequestError(EngineError, ValueError):

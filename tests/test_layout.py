@@ -73,3 +73,63 @@ def test_top_level_modules_import_each_other_without_cycles() -> None:
 
     for node in graph:
         walk(node, [])
+
+
+# -- issue 16 item 8: the InferenceEngine protocol's home pulls in no concrete engine -----
+
+
+def test_the_protocols_home_loads_no_concrete_engine() -> None:
+    mods = loaded_after("from rollout_trio.engines import InferenceEngine")
+    assert sorted(m for m in mods if m.startswith("rollout_trio.engines")) == [
+        "rollout_trio.engines",
+        "rollout_trio.engines._protocol",
+    ]
+
+
+def _static_import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, TYPE_CHECKING imports included (as a
+    type checker sees them); ``from pkg import name`` depends on ``pkg`` and on
+    ``pkg.name`` when that is a module."""
+    root = PACKAGE.parent
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                deps.update(t for t in [target, *(f"{target}.{a.name}" for a in node.names)] if t in modules)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_cycle_runs_through_the_engines() -> None:
+    """It used to: engines -> _replay -> executor -> ... -> engines (and _local through the
+    package root), a circle of 18 modules as a type checker sees them."""
+    graph = _static_import_graph()
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            for dep in graph[path[-1]]:
+                if dep == goal:
+                    return [*path, dep]
+                if dep not in seen:
+                    seen.add(dep)
+                    stack.append([*path, dep])
+        return None
+
+    for name in sorted(graph):
+        if name.startswith("rollout_trio.engines"):
+            cycle = reaches(name, name)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_trio import GenerationConfig, ModelRequest
+from rollout_trio import FleetError, GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
 from rollout_trio.engines._remote_http import RetryPolicy
 from rollout_trio.engines._routing import Router, Server, normalize_address
@@ -172,7 +172,7 @@ async def test_least_in_flight_spreads_concurrent_requests() -> None:
     assert hits == {"a": 4, "b": 4}
 
 
-async def test_control_calls_reach_every_server_and_failures_are_grouped() -> None:
+async def test_control_calls_reach_every_server_and_a_refusal_is_a_typed_error_naming_it() -> None:
     async def broken(method: str, path: str, body: Any) -> Reply:
         if path == "/pause_generation":
             return 400, {"error": {"message": "cannot pause"}}
@@ -185,8 +185,10 @@ async def test_control_calls_reach_every_server_and_failures_are_grouped() -> No
             await nursery.start(b.run)
             async with RemoteEngine([a.address, b.address], seed=0, setup_timeout=5) as eng:
                 await eng.resume()
-                with pytest.RaisesGroup(pytest.RaisesExc(Exception, match="HTTP 400: cannot pause")):
+                with pytest.raises(FleetError, match=r"pause: refused by http://.*HTTP 400: cannot pause") as info:
                     await eng.pause()
+                assert list(info.value.errors) == [f"http://{b.address}"]
+                assert eng.paused and all(s.up for s in eng.servers)  # a refusal is not an outage
             nursery.cancel_scope.cancel()
     assert a.paths("/continue_generation") == b.paths("/continue_generation") == [{}]
     assert a.paths("/pause_generation") == [{"mode": "abort"}]

@@ -163,10 +163,13 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
             )
         async with engine(server.address, version=0) as eng1, httpx.AsyncClient() as other:
             assert eng1.get_version() == 1  # adopted from the server, not told to it
-            await other.post(server.url + "/update_weight_version", json={"new_version": "5"})  # someone else relabels
-            with pytest.raises(VersionMismatchError, match="version 5 for a segment pinned to version 1"):
+            await other.post(server.url + "/update_weight_version", json={"new_version": "5"})  # another rank updates
+            two = GenerationConfig(max_new_tokens=2, ignore_eos=True)
+            moved = await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=two))
+            assert moved.output_versions == (5, 5) and eng1.get_version() == 5  # adopted, not an error
+            await other.post(server.url + "/update_weight_version", json={"new_version": "0"})  # stale weights
+            with pytest.raises(VersionMismatchError, match="version 0 for tokens of a segment sent when the fleet was at version 5"):
                 await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
-            await other.post(server.url + "/update_weight_version", json={"new_version": "0"})
     for resp in results:
         assert resp.output_len == 200 and resp.stop_reason == "length"
         v = list(resp.output_versions)

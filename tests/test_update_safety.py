@@ -8,7 +8,7 @@ import httpx
 import pytest
 import trio
 
-from rollout_trio import EngineServerError, GenerationConfig, ModelRequest
+from rollout_trio import EngineServerError, FleetError, GenerationConfig, ModelRequest, ServerUnavailableError
 from rollout_trio.engines import LocalEngine, RemoteEngine
 from rollout_trio.engines._remote_http import RetryPolicy
 from rollout_trio.models import tiny_model
@@ -104,12 +104,23 @@ async def test_remote_updates_are_serialized(autojump_clock: trio.abc.Clock) -> 
         assert not eng.paused and eng.get_version() in (1, 2)
 
 
-async def test_remote_update_names_the_server_it_could_not_resume(autojump_clock: trio.abc.Clock) -> None:
+async def test_remote_update_takes_a_server_it_could_not_resume_out_and_resumes_it_on_return(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that cannot be resumed used to fail the update (and wedge nothing else);
+    now the update goes through, the server is out of service with a logged
+    ServerUnavailableError naming it, and it is resumed before it serves again."""
     fake = FakeServers(fail="/continue_generation")
-    async with remote(fake, n=1) as eng:
-        with pytest.raises(EngineServerError, match=r"could not resume http://10\.0\.0\.1:30000 .*left paused"):
-            await eng.update_weights("/ckpt/1", 1)
+    async with remote(fake, n=2) as eng:
+        await eng.update_weights("/ckpt/1", 1)
         assert eng.get_version() == 1 and not eng.paused  # the update itself went through
+        assert [s.up for s in eng.servers] == [False, False]
+        assert all(isinstance(s.error, ServerUnavailableError) for s in eng.servers)
+        assert "http://10.0.0.1:30000: resume failed, taken out of service" in caplog.text
+        fake.fail = None  # the servers answer again
+        await eng.check_fleet()
+        assert [s.up for s in eng.servers] == [True, True]
+        assert fake.paused == {"10.0.0.1:30000": False, "10.0.0.2:30000": False}
 
 
 async def test_stock_vllm_reload_404_names_the_setting(autojump_clock: trio.abc.Clock) -> None:
@@ -123,8 +134,7 @@ async def test_stock_vllm_reload_404_names_the_setting(autojump_clock: trio.abc.
 
     retry = RetryPolicy(attempts=1)
     async with RemoteEngine("10.0.0.1:8000", "vllm", transport=httpx.MockTransport(handler), retry=retry) as eng:
-        with pytest.RaisesGroup(
-            pytest.RaisesExc(EngineServerError, match=r"vllm_reload_path=None"), flatten_subgroups=True
-        ):
+        with pytest.raises(FleetError, match=r"no server took version 1.*vllm_reload_path=None") as info:
             await eng.update_weights("/ckpt/1", 1)
-        assert not eng.paused
+        assert isinstance(info.value.errors["http://10.0.0.1:8000"], EngineServerError)
+        assert not eng.paused and eng.get_version() == 0 and eng.servers[0].up

@@ -268,13 +268,16 @@ async def test_remote_vllm_tito_resumes_after_abort_with_server_versions() -> No
     assert not [p for p, _ in fake.seen if p == "/update_weight_version"]  # only update_weights relabels
 
 
-async def test_remote_vllm_keep_mode_mixed_versions_raise() -> None:
+async def test_remote_vllm_keep_mode_mixed_versions_are_the_servers_labels() -> None:
+    """A request held across an update carries the server's per-token labels (it used to
+    raise VersionMismatchError against the version pinned when it was sent)."""
     fake = FakeVLLM()
     fake.script = [_tito([5, 6, 7], "length", [("1", 0, 1), ("2", 1, 3)])]
     with trio.fail_after(10):
         async with _engine(fake, version=1) as eng:
-            with pytest.raises(VersionMismatchError, match=r"versions \[2\].*pinned to version 1"):
-                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=3)))
+            resp = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=3)))
+            assert resp.output_versions == (1, 2, 2)
+            assert eng.get_version() == 2  # the fleet moved on: adopted
 
 
 async def test_remote_vllm_falls_back_to_completions_on_403() -> None:
@@ -412,3 +415,39 @@ async def test_vllm_without_a_version_endpoint_adopts_the_first_reported_ranges(
             assert eng.get_version() == 7
             second = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=1)))
     assert first.output_versions == (7, 7) and second.output_versions == (7,)
+
+
+class ScriptedLabelledVLLM(StatefulVLLM):
+    """StatefulVLLM (reports its label at /weight_info) answering generations from a script."""
+
+    def __init__(self, label: str, replies: list[dict]) -> None:
+        super().__init__()
+        self.label = label
+        self.replies = replies
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        payload = json.loads(request.content) if request.content else None
+        if request.url.path == "/inference/v1/generate" and not payload["request_id"].startswith("rollout-trio-probe"):
+            return httpx.Response(200, json=self.replies.pop(0))
+        return super().__call__(request)
+
+
+async def test_remote_vllm_stale_or_backwards_versions_raise() -> None:
+    fake = ScriptedLabelledVLLM(
+        "2",
+        [
+            _tito([5, 6], "length", [("2", 0, 1), ("1", 1, 2)]),
+            _tito([5], "length", [("1", 0, 1)]),
+            _tito([5], "length", [("3", 0, 1)]),
+        ],
+    )
+    g = GenerationConfig(max_new_tokens=2)
+    with trio.fail_after(10):
+        async with _engine(fake) as eng:
+            assert eng.get_version() == 2
+            with pytest.raises(VersionMismatchError, match=r"go backwards within a segment \(2 then 1 at token 1\)"):
+                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g))
+            with pytest.raises(VersionMismatchError, match=r"version 1 for tokens of a segment sent when the fleet was at version 2"):
+                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=1)))
+            newer = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=1)))
+            assert newer.output_versions == (3,) and eng.get_version() == 3  # another rank updated it

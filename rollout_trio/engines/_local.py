@@ -31,7 +31,7 @@ import attrs
 import torch
 import trio
 
-from .. import workflow_context
+from ..workflow_context import request_seed
 from .._errors import EngineError, EngineTimeoutError, UnsupportedRequestError
 from .._io import ModelRequest, ModelResponse
 from ._local_batch import KVBatch, check_supported
@@ -409,7 +409,7 @@ class LocalEngine:
         temperature = g.effective_temperature
         gen = None
         # A request without its own seed follows the run's (workflow_context.use_seed), if any.
-        seed = g.seed if g.seed is not None else workflow_context.request_seed()
+        seed = g.seed if g.seed is not None else request_seed()
         if seed is not None and temperature > 0:
             gen = torch.Generator(device=self._device)
             gen.manual_seed(seed)

@@ -8,6 +8,7 @@ a malformed body never surfaces as an ``IndexError`` or ``KeyError`` deep inside
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ __all__ = [
     "logprob_list",
     "parse_version",
     "sampling_fields",
+    "segment_seed",
 ]
 
 SegmentStop = Literal["stop", "length", "tool_calls", "abort"]
@@ -80,6 +82,20 @@ def sampling_fields(gconfig: GenerationConfig, *, top_k_off: int) -> dict[str, A
         "skip_special_tokens": gconfig.skip_special_tokens,
         "n": 1,
     }
+
+
+def segment_seed(seed: int, position: int) -> int:
+    """The seed of the segment that continues a request after ``position`` output tokens.
+
+    The first segment sends the request's own seed; a segment resumed after a pause (or a
+    retry after partial output) gets a seed derived from ``(seed, position)``, so it never
+    replays the first segment's random draws, and the same split gives the same samples.
+    Fits a signed 64-bit integer (SGLang ``sampling_seed``, vLLM ``seed``).
+    """
+    if position == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def field(body: Any, *path: str | int, kind: type | tuple[type, ...] | None = None, where: str = "") -> Any:

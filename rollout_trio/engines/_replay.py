@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from .. import workflow_context
+from ..workflow_context import get as current_context
 from .._errors import RolloutError
 from .._io import ModelRequest, ModelResponse
 from ._protocol import WeightsSource
 
 if TYPE_CHECKING:
-    from ..executor import DumpRecord
+    from ..executor._dump import DumpRecord
 
 __all__ = ["ReplayEngine", "ReplayMismatchError"]
 
@@ -110,7 +110,7 @@ class ReplayEngine:
     @classmethod
     def from_dump(cls, path: str | os.PathLike[str], *, tokenizer: object = None) -> ReplayEngine:
         """An engine replaying every record of the dump at ``path``."""
-        from ..executor import read_dump
+        from ..executor._dump import read_dump  # executor -> engines is the import direction
 
         return cls(read_dump(path), tokenizer=tokenizer)
 
@@ -161,7 +161,7 @@ class ReplayEngine:
         await trio.lowlevel.checkpoint()
 
     def _candidates(self) -> list[TaskKey]:
-        ctx = workflow_context.get()
+        ctx = current_context()
         if ctx.task_id is None:
             return self.tasks
         return [(ctx.is_eval, ctx.task_id)]

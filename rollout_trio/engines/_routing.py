@@ -6,6 +6,9 @@
   (so it can reuse its prefix cache); the rid -> server map is a bounded FIFO cache.
 * A server that fails to connect is marked down: traffic moves to the others until a
   health probe marks it up again. When every server is down, all of them are tried.
+
+:func:`parse_worker_list` reads a router's worker listing (sglang-router ``GET /workers``,
+or the older ``GET /list_workers``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Router", "Server", "normalize_address"]
+from .._errors import EngineProtocolError, EngineError
+
+__all__ = ["Router", "Server", "normalize_address", "parse_worker_list"]
 
 STRATEGIES = ("round_robin", "least_in_flight")
 
@@ -30,8 +35,44 @@ def normalize_address(address: str) -> str:
     return address
 
 
+def parse_worker_list(body: Any, where: str) -> list[tuple[str, str | None]]:
+    """``(url, router's worker id or None)`` for each worker a router lists.
+
+    Accepts sglang-router's ``{"workers": [{"url", "id", ...}, ...]}`` and the older
+    ``{"urls": [...]}``.
+
+    Raises:
+        EngineProtocolError: neither shape, or an entry without a string ``url``.
+    """
+    if isinstance(body, dict) and isinstance(body.get("workers"), list):
+        out: list[tuple[str, str | None]] = []
+        for i, entry in enumerate(body["workers"]):
+            url = entry.get("url") if isinstance(entry, dict) else None
+            if not isinstance(url, str) or not url:
+                raise EngineProtocolError(f"{where}: workers[{i}].url: must be a non-empty string, got {entry!r:.80}")
+            wid = entry.get("id")
+            out.append((url, wid if isinstance(wid, str) else None))
+        return out
+    if isinstance(body, dict) and isinstance(body.get("urls"), list):
+        urls = body["urls"]
+        if not all(isinstance(u, str) and u for u in urls):
+            raise EngineProtocolError(f"{where}: urls: must be a list of non-empty strings")
+        return [(u, None) for u in urls]
+    raise EngineProtocolError(f"{where}: must be an object with a 'workers' (or 'urls') list, got {body!r:.80}")
+
+
 class Server:
-    """One inference server as the router sees it."""
+    """One inference server as the engine sees it.
+
+    Attributes:
+        base_url: ``http://host:port``.
+        up: whether requests and control calls go to it (a server taken out of service
+            is brought to the fleet's version and pause state before it is marked up).
+        in_flight: generation requests in progress on it.
+        version: the weight version it was last known to hold (None: unknown).
+        error: why it was last taken out of service, if it was.
+        worker_id: the id a router knows it by (router mode), if any.
+    """
 
     def __init__(self, base_url: str, backend: Any) -> None:
         self.base_url = base_url
@@ -39,6 +80,9 @@ class Server:
         self.in_flight = 0
         self.up = True
         self.failures = 0
+        self.version: int | None = None
+        self.error: EngineError | None = None
+        self.worker_id: str | None = None
 
     def __repr__(self) -> str:
         return f"Server({self.base_url!r}, up={self.up}, in_flight={self.in_flight})"

@@ -32,16 +32,26 @@ class SGLangBackend:
             raise UnsupportedRequestError("GenerationConfig.use_beam_search: SGLang has no beam search")
 
     def generate(
-        self, input_ids: list[int], gconfig: GenerationConfig, *, max_new: int, min_new: int, rid: str
+        self,
+        input_ids: list[int],
+        gconfig: GenerationConfig,
+        *,
+        max_new: int,
+        min_new: int,
+        rid: str,
+        seed: int | None = None,
     ) -> HttpCall:
-        """The ``/generate`` call for one segment."""
+        """The ``/generate`` call for one segment, seeded with ``seed`` (else ``gconfig.seed``)
+        as ``sampling_seed``."""
         sp: dict[str, Any] = {
             "max_new_tokens": max_new,
             "min_new_tokens": min_new,
             **sampling_fields(gconfig, top_k_off=-1),
         }
-        if gconfig.seed is not None:
-            sp["sampling_seed"] = int(gconfig.seed)
+        if seed is None:
+            seed = gconfig.seed
+        if seed is not None:
+            sp["sampling_seed"] = int(seed)
         body = {
             "rid": rid,
             "input_ids": list(input_ids),

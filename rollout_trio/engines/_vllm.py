@@ -56,16 +56,21 @@ def server_request_id(request_id: str) -> str:
     return f"generate-tokens-{request_id}"
 
 
-def sampling_params(gconfig: GenerationConfig, *, max_new: int, min_new: int) -> dict[str, Any]:
-    """vLLM ``SamplingParams`` fields, every one explicit (no server defaults apply)."""
+def sampling_params(
+    gconfig: GenerationConfig, *, max_new: int, min_new: int, seed: int | None = None
+) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields, every one explicit (no server defaults apply);
+    ``seed`` (else ``gconfig.seed``) as ``seed``."""
     sp: dict[str, Any] = {
         "max_tokens": max_new,
         "min_tokens": min_new,
         **sampling_fields(gconfig, top_k_off=0),
         "logprobs": 0,
     }
-    if gconfig.seed is not None:
-        sp["seed"] = int(gconfig.seed)
+    if seed is None:
+        seed = gconfig.seed
+    if seed is not None:
+        sp["seed"] = int(seed)
     return sp
 
 
@@ -119,10 +124,17 @@ class VLLMBackend:
         """Nothing vLLM refuses up front."""
 
     def generate(
-        self, input_ids: list[int], gconfig: GenerationConfig, *, max_new: int, min_new: int, rid: str
+        self,
+        input_ids: list[int],
+        gconfig: GenerationConfig,
+        *,
+        max_new: int,
+        min_new: int,
+        rid: str,
+        seed: int | None = None,
     ) -> HttpCall:
-        """The generation call for one segment."""
-        sp = sampling_params(gconfig, max_new=max_new, min_new=min_new)
+        """The generation call for one segment (``seed``: see :func:`sampling_params`)."""
+        sp = sampling_params(gconfig, max_new=max_new, min_new=min_new, seed=seed)
         if self.api == "tito":
             return HttpCall("POST", TITO_PATH, {"request_id": rid, "token_ids": list(input_ids), "sampling_params": sp})
         body = dict(sp)
