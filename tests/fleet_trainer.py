@@ -37,7 +37,7 @@ async def rank_main(args: argparse.Namespace) -> int:
         GenerationConfig(max_new_tokens=24, ignore_eos=True),
     )
     seen: set[int] = set()
-    async with RemoteEngine([args.router]) as engine, open_executor(
+    async with RemoteEngine(router=args.router) as engine, open_executor(
         engine, dp_size=2, consumer_batch_size=8, max_head_offpolicyness=args.updates + 1
     ) as rollout:
         start = engine.get_version()

@@ -80,7 +80,7 @@ async def test_generation_goes_through_the_router_to_every_worker(running):
     rids = [f"gen-{i}" for i in range(8)]
     responses = {}
     with trio.fail_after(DEADLINE):
-        async with RemoteEngine([running.router]) as engine:
+        async with RemoteEngine(router=running.router) as engine:
             version = engine.get_version()
 
             async def generate(rid: str) -> None:
@@ -100,7 +100,7 @@ async def test_generation_goes_through_the_router_to_every_worker(running):
 async def test_a_cancelled_generation_stops_on_its_worker(running):
     rids = [f"cancel-{i}" for i in range(4)]
     with trio.fail_after(DEADLINE):
-        async with RemoteEngine([running.router]) as engine:
+        async with RemoteEngine(router=running.router) as engine:
             async with trio.open_nursery() as nursery:
                 for rid in rids:
                     nursery.start_soon(engine.agenerate, ModelRequest(input_ids=[4, 5], gconfig=LONG, rid=rid))
@@ -116,7 +116,7 @@ async def test_a_weight_update_with_requests_in_flight_loses_none(running, check
     rids = [f"update-{i}" for i in range(8)]
     responses = {}
     with trio.fail_after(DEADLINE):
-        async with RemoteEngine([running.router]) as engine:
+        async with RemoteEngine(router=running.router) as engine:
             before = engine.get_version()
 
             async def generate(rid: str) -> None:
@@ -139,45 +139,57 @@ async def test_a_weight_update_with_requests_in_flight_loses_none(running, check
     assert versions == [str(before + 1)] * 2
 
 
-async def test_a_worker_added_and_one_killed_mid_run_lose_nothing(running, checkpoint):
-    """A worker registered with the router mid-run is brought to the fleet's version before it
-    serves; killing it with requests on it loses none (the router or the engine retries them)."""
+async def test_a_worker_added_and_one_killed_mid_run_lose_nothing(running, checkpoint, caplog):
+    """A worker registered with the router mid-run is brought to the fleet's version (out of
+    the router while it reloads) before it serves; killing it with requests on it loses
+    none, and the next update skips it with a logged error naming it."""
     extra = ServeProcess("--step-delay", "0.01", "--segment-tokens", "4")
     responses, failures = {}, []
     try:
         with trio.fail_after(DEADLINE * 2):
-            async with RemoteEngine([running.router]) as engine, httpx.AsyncClient(timeout=10) as client:
+            async with RemoteEngine(router=running.router) as engine, httpx.AsyncClient(timeout=10) as client:
+                await engine.update_weights(checkpoint, version=engine.get_version() + 1)
                 version = engine.get_version()
 
-                async def generate(rid: str) -> None:
-                    gconfig = GenerationConfig(max_new_tokens=32, ignore_eos=True)
+                async def generate(rid: str, tokens: int) -> None:
+                    gconfig = GenerationConfig(max_new_tokens=tokens, ignore_eos=True)
                     try:
                         responses[rid] = await engine.agenerate(ModelRequest(input_ids=[7, 8], gconfig=gconfig, rid=rid))
-                    except Exception as exc:  # counted: the test says what went wrong
+                    except Exception as exc:  # counted: the assertion below says what went wrong
                         failures.append((rid, repr(exc)))
 
                 async with trio.open_nursery() as nursery:
-                    for i in range(6):
-                        nursery.start_soon(generate, f"before-join-{i}")
+                    for i in range(4):  # long answers, in flight on the fleet's workers while one joins
+                        nursery.start_soon(generate, f"before-join-{i}", 96)
+                    await wait_in_flight(urls(running), "before-join-", 4)
                     added = await client.post(running.router + "/workers", json={"url": extra.url})
                     assert added.status_code < 300, added.text
-                    while extra.url not in [w["url"] for w in (await client.get(running.router + "/workers")).json()["workers"] if w["is_healthy"]]:
+                    while extra.url not in await healthy_workers(client, running.router):
                         await trio.sleep(0.05)
-                    await engine.update_weights(checkpoint, version=version + 1)
-                    assert await worker_version(extra.url) == str(version + 1)
+                    await engine.check_fleet()  # what the engine does every health_interval
+                    assert await worker_version(extra.url) == str(version)
+                    assert extra.url in await healthy_workers(client, running.router)  # given back
                     for i in range(9):
-                        nursery.start_soon(generate, f"after-join-{i}")
+                        nursery.start_soon(generate, f"after-join-{i}", 32)
                     await wait_in_flight([extra.url], "after-join-", 1)  # the new worker serves
                     extra.kill()
+                caplog.clear()
+                await engine.update_weights(checkpoint, version=version + 1)  # the dead worker is skipped
                 assert engine.get_version() == version + 1
+                skipped = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+                assert any(extra.url in m and "taken out of service" in m for m in skipped), skipped
     finally:
         extra.stop()
-        workers = httpx.get(running.router + "/workers", timeout=10).json()["workers"]
-        for w in workers:
-            if w["url"] == extra.url:
-                httpx.delete(f"{running.router}/workers/{w['id']}", timeout=10)
+        for url, worker_id in [(w["url"], w["id"]) for w in httpx.get(running.router + "/workers", timeout=10).json()["workers"]]:
+            if url == extra.url:
+                httpx.delete(f"{running.router}/workers/{worker_id}", timeout=10)
     assert failures == []
-    assert len(responses) == 15 and all(r.output_len == 32 for r in responses.values())
+    assert len(responses) == 13 and all(r.output_len == (96 if "before" in rid else 32) for rid, r in responses.items())
+    assert all(set(r.output_versions) == {version} for r in responses.values())
+
+
+async def healthy_workers(client: httpx.AsyncClient, router: str) -> list[str]:
+    return [w["url"] for w in (await client.get(router + "/workers")).json()["workers"] if w["is_healthy"]]
 
 
 def trainer(router: str, rank: int, *args: str) -> subprocess.Popen[str]:
