@@ -1,15 +1,15 @@
 """The fleet at scale: one trainer process against 64 loopback servers, and sglang-router's cost.
 
     python bench/fleet_bench.py [--quick] [--servers 64] [--episodes 20000] [--concurrency 256]
-                                [--router-workers 4] [--rounds 3] [--seconds 3]
+                                [--control-rounds 100] [--router-workers 4] [--rounds 3] [--seconds 3]
 
 Part 1, direct: one subprocess listens on ``--servers`` ports with bench/work.py's
 fixed-answer SGLang server (the server is not what is measured). One ``RemoteEngine``
-sends ``--episodes`` single-request episodes (``--concurrency`` at a time) while, in the
-same Trio loop, a probe measures the loop's lag (sleep 1 ms, how late it wakes) and a
-trainer task pauses and resumes every server and pushes a weight update every 50 ms.
-Printed with their targets: client CPU per request (this process's CPU time / requests),
-loop lag p99, pause / resume / update fan-out p99 (one call reaching every server).
+sends ``--episodes`` single-request episodes, ``--concurrency`` at a time, while a probe
+in the same Trio loop measures its lag (sleep 1 ms, how late it wakes): client CPU per
+request is this process's CPU time over the requests. Then, under the same load, a
+trainer task pauses, resumes and updates every server ``--control-rounds`` times, 100 ms
+apart: each call's duration is one fan-out to every server. Printed with their targets.
 
 Part 2, router: ``rollout-trio fleet`` starts ``--router-workers`` ``rollout-trio serve``
 workers (the tiny model) behind sglang-router; requests/s through the router
@@ -43,9 +43,9 @@ from rollout_trio import GenerationConfig, ModelRequest  # noqa: E402
 from rollout_trio.engines import RemoteEngine  # noqa: E402
 
 TARGETS = {"cpu_us": 50.0, "lag_ms": 10.0, "fanout_ms": 50.0}
-CONTROL_EVERY = 0.05  # seconds between the trainer task's pause/resume/update rounds
-FULL = {"servers": 64, "episodes": 20000, "concurrency": 256, "router_workers": 4, "rounds": 3, "seconds": 3.0}
-QUICK = {"servers": 8, "episodes": 1000, "concurrency": 64, "router_workers": 1, "rounds": 1, "seconds": 0.5}
+CONTROL_EVERY = 0.1  # seconds between the trainer task's pause/resume/update rounds
+FULL = {"servers": 64, "episodes": 20000, "concurrency": 256, "control_rounds": 100, "router_workers": 4, "rounds": 3, "seconds": 3.0}
+QUICK = {"servers": 8, "episodes": 1000, "concurrency": 64, "control_rounds": 10, "router_workers": 1, "rounds": 1, "seconds": 0.5}
 
 
 def p99(values: list[float]) -> float:
@@ -75,56 +75,70 @@ def start_fixed_servers(count: int, workdir: str) -> tuple[subprocess.Popen[byte
         return server, [f"127.0.0.1:{line.strip()}" for line in f if line.strip()]
 
 
-async def direct_run(addresses: list[str], episodes: int, concurrency: int, checkpoint: str) -> dict[str, Any]:
+async def direct_run(
+    addresses: list[str], episodes: int, concurrency: int, control_rounds: int, checkpoint: str
+) -> dict[str, Any]:
+    """Phase A: ``episodes`` episodes, nothing else (CPU per request, loop lag). Phase B:
+    the same load while a trainer task pauses, resumes and updates every server
+    ``control_rounds`` times, ``CONTROL_EVERY`` apart (each call's duration)."""
     request = ModelRequest(input_ids=CLIENT_PROMPT, gconfig=GenerationConfig(max_new_tokens=CLIENT_NEW_TOKENS))
     lags: list[float] = []
     pauses: list[float] = []
     resumes: list[float] = []
     updates: list[float] = []
-    done = trio.Event()
     async with RemoteEngine(addresses, verify_versions=False, affinity_size=0) as engine:
         await engine.agenerate(request)  # warm up: one connection made
 
-        async def probe() -> None:
+        async def probe(done: trio.Event) -> None:
             while not done.is_set():
                 start = trio.current_time()
                 await trio.sleep(0.001)
                 lags.append(trio.current_time() - start - 0.001)
+
+        async def load(count: int | None, done: trio.Event) -> None:
+            """``count`` episodes (None: until ``done``), ``concurrency`` at a time."""
+            slots = trio.Semaphore(concurrency)
+
+            async def episode() -> None:
+                try:
+                    await engine.agenerate(request)
+                finally:
+                    slots.release()
+
+            sent = 0
+            async with trio.open_nursery() as nursery:
+                while not done.is_set() if count is None else sent < count:
+                    await slots.acquire()  # never more than ``concurrency`` episodes alive
+                    nursery.start_soon(episode)
+                    sent += 1
+            done.set()
 
         async def timed(call: Callable[[], Awaitable[object]], into: list[float]) -> None:
             start = time.perf_counter()
             await call()
             into.append(time.perf_counter() - start)
 
-        async def trainer() -> None:
+        async def trainer(done: trio.Event) -> None:
             version = engine.get_version()
-            while not done.is_set():
+            for _ in range(control_rounds):
                 await trio.sleep(CONTROL_EVERY)
                 await timed(engine.pause, pauses)
                 await timed(engine.resume, resumes)
                 version += 1
                 await timed(lambda: engine.update_weights(checkpoint, version=version), updates)
-
-        async def episodes_loop() -> None:
-            limiter = trio.CapacityLimiter(concurrency)
-
-            async def episode() -> None:
-                async with limiter:
-                    await engine.agenerate(request)
-
-            async with trio.open_nursery() as nursery:
-                for _ in range(episodes):
-                    await limiter.acquire()  # never more than ``concurrency`` tasks alive
-                    limiter.release()
-                    nursery.start_soon(episode)
             done.set()
 
+        generated = trio.Event()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe)
-            nursery.start_soon(trainer)
-            await episodes_loop()
+            nursery.start_soon(probe, generated)
+            await load(episodes, generated)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+
+        controlled = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load, None, controlled)
+            await trainer(controlled)
     return {
         "episodes": episodes,
         "wall_s": wall,
@@ -155,15 +169,18 @@ class Fleet:
         assert self.proc.stdout is not None
         self.workers: list[str] = []
         self.router = ""
-        for line in self.proc.stdout:  # the fleet's own --startup-timeout bounds this (it exits: EOF)
-            if line.startswith("worker "):
-                self.workers.append(line.split()[2])
-            elif line.startswith("router: "):
-                self.router = line.split()[1]
-                break
-        if not self.router:
+        try:
+            for line in self.proc.stdout:  # the fleet's own --startup-timeout bounds this (it exits: EOF)
+                if line.startswith("worker "):
+                    self.workers.append(line.split()[2])
+                elif line.startswith("router: "):
+                    self.router = line.split()[1]
+                    break
+            if not self.router:
+                raise RuntimeError("rollout-trio fleet did not start (its stderr says why)")
+        except BaseException:  # Ctrl-C while it starts included: never leave it running
             self.stop()
-            raise RuntimeError("rollout-trio fleet did not start (its stderr says why)")
+            raise
         self.startup_s = time.perf_counter() - started
 
     def stop(self) -> None:
@@ -219,13 +236,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as workdir:
         server, addresses = start_fixed_servers(cfg["servers"], workdir)
         try:
-            direct = trio.run(direct_run, addresses, cfg["episodes"], cfg["concurrency"], workdir)
+            direct = trio.run(direct_run, addresses, cfg["episodes"], cfg["concurrency"], cfg["control_rounds"], workdir)
         finally:
             server.terminate()
             server.wait(10)
     print(f"part 1: one trainer process, {cfg['servers']} fixed-answer loopback servers, {cfg['episodes']} episodes, "
-          f"{cfg['concurrency']} in flight, a pause+resume+update every {CONTROL_EVERY * 1e3:.0f} ms "
-          f"({direct['control_rounds']} rounds); {direct['rate']:.0f} episodes/s")  # fmt: skip
+          f"{cfg['concurrency']} in flight: {direct['rate']:.0f} episodes/s; then under the same load, "
+          f"{direct['control_rounds']} rounds of pause, resume, update every {CONTROL_EVERY * 1e3:.0f} ms")  # fmt: skip
     rows = [
         ("client CPU per request", direct["cpu_us"], "us", TARGETS["cpu_us"], "<=", False),
         ("Trio loop lag p99", direct["lag_p99_ms"], "ms", TARGETS["lag_ms"], "<", True),
@@ -253,7 +270,8 @@ def main() -> int:
 
     if args.quick:  # episodes at this rate, the router's rounds, and workers loading side by side
         startup = fleet_startup * FULL["router_workers"] / max(cfg["router_workers"], 1) if fleet_startup else 60.0
-        full = FULL["episodes"] / direct["rate"] + FULL["rounds"] * FULL["seconds"] * 2 + startup
+        control = FULL["control_rounds"] * (CONTROL_EVERY + 1e-3 * (direct["pause_p99_ms"] + direct["resume_p99_ms"] + direct["update_p99_ms"]))
+        full = FULL["episodes"] / direct["rate"] + control + FULL["rounds"] * FULL["seconds"] * 2 + startup
         print(f"the full run (python bench/fleet_bench.py) takes about {full:.0f} s on this machine")
     return 0
 
