@@ -85,10 +85,11 @@ def profiled(run: Callable[[], float], top: int = 25) -> dict[str, Any]:
     return {"rate": rate, "profile": out.getvalue()}
 
 
-def serve_fixed(port_file: str) -> None:
+def serve_fixed(port_file: str, count: int = 1) -> None:
     """A keep-alive HTTP/1.1 loopback server answering every POST /generate with
     :data:`GENERATE_BODY`, GET /get_model_info with version 0, and anything else with an empty 200 (raw asyncio protocol, so
-    the server is not what is measured). Writes its port to ``port_file``."""
+    the server is not what is measured). Listens on ``count`` ports (one process, one event
+    loop) and writes them to ``port_file``, one per line."""
     import asyncio
     import os
 
@@ -125,11 +126,12 @@ def serve_fixed(port_file: str) -> None:
                     return
 
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", 0, backlog=4096)
+        loop = asyncio.get_running_loop()
+        servers = [await loop.create_server(Proto, "127.0.0.1", 0, backlog=4096) for _ in range(count)]
         with open(port_file + ".tmp", "w") as f:
-            f.write(str(server.sockets[0].getsockname()[1]))
+            f.write("\n".join(str(server.sockets[0].getsockname()[1]) for server in servers))
         os.replace(port_file + ".tmp", port_file)
-        await server.serve_forever()
+        await asyncio.gather(*(server.serve_forever() for server in servers))
 
     asyncio.run(main())
 
@@ -137,4 +139,4 @@ def serve_fixed(port_file: str) -> None:
 if __name__ == "__main__":
     import sys
 
-    serve_fixed(sys.argv[1])
+    serve_fixed(sys.argv[1], *map(int, sys.argv[2:3]))

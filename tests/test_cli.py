@@ -70,6 +70,16 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--graceful-timeout": (["--graceful-timeout", "nan"], 2, "--graceful-timeout: must be a finite number > 0"),
         "--log-level": (["--log-level", "bogus"], 2, "--log-level: must be one of DEBUG, INFO, WARNING"),
     },
+    "fleet": {
+        "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--workers": (["--workers", "0"], 2, "--workers: must be an integer >= 1, got '0'"),
+        "--port": (["--port", "-1"], 2, "--port: must be a port number 0-65535"),
+        "--policy": (["--policy", "manual"], 2, "--policy: invalid choice: 'manual'"),
+        "--startup-timeout": (["--startup-timeout", "0"], 2, "--startup-timeout: must be a finite number > 0"),
+        "--stop-timeout": (["--stop-timeout", "inf"], 2, "--stop-timeout: must be a finite number > 0"),
+        "--health-interval": (["--health-interval", "0.5"], 2, "--health-interval: must be an integer >= 1"),
+        "--router-log-level": (["--router-log-level", "loud"], 2, "--router-log-level: invalid choice: 'loud'"),
+    },
     # {dump} is a small real dump (the `dump` fixture)
     "inspect": {
         "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),

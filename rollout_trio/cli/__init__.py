@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("._serve", "serve_main", "serve an embedded engine over SGLang's HTTP protocol"),
     "inspect": ("._inspect", "inspect_main", "summarize a trajectory dump (terminal, or one HTML page)"),
     "replay": ("._replay", "replay_main", "re-run dumped episodes on their recorded answers (no model); report rows that differ"),
+    "fleet": ("._fleet", "fleet_main", "start N serve workers behind sglang-router on this machine; print the router's address"),
 }
 
 _PROG = "rollout-trio"

@@ -115,6 +115,11 @@ async def serve_app(
         counted = _SlotStream(stream, slots)
         try:
             await TCPServer(wrapped, config, context, ConnectionState({}), counted)  # type: ignore[arg-type]
+        except Exception:
+            # One connection's failure ends that connection, never the server: sglang-router
+            # speaks HTTP/2 to its workers, and Hypercorn 0.18 closing an h2 connection
+            # (send_eof) can race a stream's send_all into BusyResourceError.
+            log.warning("a connection ended with an error", exc_info=True)
         finally:
             counted.free()
 

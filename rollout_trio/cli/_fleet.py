@@ -1,0 +1,395 @@
+"""``rollout-trio fleet``: N ``rollout-trio serve`` workers behind sglang-router, on this machine.
+
+Starts the workers (each on a free loopback port, every ``serve`` option passed through),
+then sglang-router in front of them, and waits until the router reports every worker
+healthy (``--startup-timeout``). It then prints one line per worker and one for the router
+on stdout::
+
+    worker 0: http://127.0.0.1:41234 (pid 1201)
+    worker 1: http://127.0.0.1:41235 (pid 1202)
+    router: http://127.0.0.1:30000 (pid 1203, 2 workers, metrics http://127.0.0.1:41236/metrics)
+
+Point ``RemoteEngine`` at the router's address. Ctrl-C stops the router, then the workers
+(SIGTERM, SIGKILL after ``--stop-timeout``), says what it stopped and exits 130; SIGTERM
+does the same and exits 0. The children run in their own session, so a terminal's Ctrl-C
+reaches only this command, which stops them in order. A worker that exits is reported and
+the others keep serving (the router stops sending it requests once its health check
+fails); the router exiting, or every worker, is a failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from ._common import (
+    EXIT_INTERRUPTED,
+    CommandError,
+    Parser,
+    positive_float,
+    positive_int,
+    port,
+    run_command,
+)
+
+__all__ = ["fleet_main"]
+
+_PROG = "rollout-trio fleet"
+#: sglang-router's routing policies (``--policy``); "manual" and "bucket" need request keys.
+POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+ROUTER_LOG_LEVELS = ("debug", "info", "warn", "error")
+#: ``serve`` options the fleet sets itself for every worker.
+_OWNED = ("--host", "--port", "--port-file", "--api-key", "--allow-unauthenticated")
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+class _FleetParser(Parser):
+    """Parses the fleet's options; the rest, checked by serve's parser, become ``worker_options``."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, rest = self.parse_known_args(args, namespace)
+        for option in _OWNED:
+            if any(arg == option or arg.startswith(option + "=") for arg in rest):
+                self.error(f"{option}: the fleet sets it for every worker (workers listen on 127.0.0.1)")
+        from ._serve import _parser as serve_parser
+
+        serve = serve_parser()
+        serve.prog = self.prog  # its usage errors are this command's: one line, exit 2
+        if serve.parse_args(rest).threads is None:  # N workers share the cores, not each all of them
+            rest = [*rest, "--threads", str(max(1, (os.cpu_count() or 1) // parsed.workers))]
+        if parsed.debug:  # a worker's failure comes with its traceback too
+            rest = [*rest, "--debug"]
+        parsed.worker_options = rest
+        return parsed
+
+
+def _parser() -> Parser:
+    """Every option of ``rollout-trio fleet`` (any other option goes to each worker)."""
+    p = _FleetParser(
+        _PROG,
+        __doc__.split("\n\n")[0]
+        + " Any option not listed here is passed to every worker and must be a"
+        " 'rollout-trio serve' option (--model, --device, --seed, --step-delay, ...).",
+        allow_abbrev=False,  # a prefix of a serve option must not be taken for a fleet one
+    )
+    p.add_argument("--workers", type=positive_int, default=2, help="rollout-trio serve processes to start")
+    p.add_argument("--port", type=port, default=30000, help="the router's loopback port; 0 picks a free one")
+    p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="sglang-router's routing policy")
+    p.add_argument(
+        "--startup-timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds for every worker to listen and the router to report them all healthy",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=positive_float,
+        default=15.0,
+        help="seconds a stopping process may take after SIGTERM before it is killed",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=positive_int,
+        default=2,
+        help="seconds between the router's health checks of each worker (whole seconds)",
+    )
+    p.add_argument(
+        "--router-log-level", choices=ROUTER_LOG_LEVELS, default="error", help="sglang-router's logging level"
+    )
+    return p
+
+
+def _free_port() -> int:
+    """A loopback port nobody listens on now (sglang-router cannot bind port 0 itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define(eq=False)
+class Child:
+    """One process of the fleet: its name, command line, and what it said."""
+
+    name: str
+    argv: list[str]
+    process: trio.Process | None = None
+    url: str | None = None
+    last_error: str = ""
+    listening: trio.Event = attrs.field(factory=trio.Event)
+    exited: trio.Event = attrs.field(factory=trio.Event)
+    stopping: bool = False
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def describe(self) -> str:
+        where = f" at {self.url}" if self.url else " (still starting)"
+        return f"{self.name}{where}"
+
+    def status(self) -> str:
+        code = self.process.returncode if self.process is not None else None
+        if code is not None and code < 0:
+            return f"signal {signal.Signals(-code).name}"
+        return f"status {code}"
+
+
+async def _lines(stream: trio.abc.ReceiveStream) -> Any:
+    """The stream's lines, decoded, without their line ends."""
+    buffer = b""
+    while chunk := await stream.receive_some(65536):
+        buffer += chunk
+        *whole, buffer = buffer.split(b"\n")
+        for line in whole:
+            yield line.decode(errors="replace").rstrip("\r")
+    if buffer:
+        yield buffer.decode(errors="replace")
+
+
+class Fleet:
+    """The running processes; :meth:`run` starts them, :meth:`stop` stops them in order."""
+
+    def __init__(self, args: argparse.Namespace, worker_options: list[str]) -> None:
+        self.args = args
+        serve = [sys.executable, "-m", "rollout_trio", "serve", *worker_options, "--host", "127.0.0.1", "--port", "0"]
+        self.workers = [Child(f"worker {i}", serve) for i in range(args.workers)]
+        self.router: Child | None = None
+        self.metrics_url = ""
+        self.ready = False
+        self._held: collections.deque[str] = collections.deque(maxlen=200)
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.workers, *([self.router] if self.router else [])]
+
+    async def _spawn(self, child: Child, nursery: trio.Nursery) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        child.process = await trio.lowlevel.open_process(
+            child.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us only; we stop them in order
+            env=env,
+        )
+        nursery.start_soon(self._read_stdout, child)
+        nursery.start_soon(self._read_stderr, child)
+        nursery.start_soon(self._watch_exit, child)
+
+    async def _read_stdout(self, child: Child) -> None:
+        assert child.process is not None and child.process.stdout is not None
+        async for line in _lines(child.process.stdout):
+            found = _LISTENING.search(line)
+            if found and not child.listening.is_set():
+                child.url = found.group(1)
+                child.listening.set()
+            elif line.strip():
+                self._relay(child, line)
+
+    async def _read_stderr(self, child: Child) -> None:
+        assert child.process is not None and child.process.stderr is not None
+        async for line in _lines(child.process.stderr):
+            if line.strip():
+                child.last_error = line.strip()
+                self._relay(child, line)
+
+    def _relay(self, child: Child, line: str) -> None:
+        """A child's line to our stderr, prefixed; held back until ready (a failed start is one line)."""
+        text = f"[{child.name}] {line}"
+        if self.ready or self.args.debug:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            self._held.append(text)
+
+    async def _watch_exit(self, child: Child) -> None:
+        assert child.process is not None
+        await child.process.wait()
+        child.exited.set()
+        if child.stopping:
+            return
+        said = f": {child.last_error}" if child.last_error else ""
+        if child is self.router:
+            raise CommandError(f"sglang-router exited with {child.status()}{said}")
+        if not self.ready:
+            raise CommandError(f"{child.name} exited with {child.status()} before it was ready{said}")
+        alive = [w for w in self.workers if not w.exited.is_set()]
+        if not alive:
+            raise CommandError(f"every worker has exited; the last, {child.name}, with {child.status()}{said}")
+        print(
+            f"{_PROG}: {child.describe()} (pid {child.pid}) exited with {child.status()}{said}; "
+            f"{len(alive)} of {len(self.workers)} workers left (the router skips it once its health check fails)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Start everything, print the addresses, and serve until cancelled (or a failure)."""
+        with trio.move_on_after(self.args.startup_timeout) as startup:
+            for worker in self.workers:
+                await self._spawn(worker, nursery)
+            for worker in self.workers:
+                await worker.listening.wait()
+            for i, worker in enumerate(self.workers):
+                print(f"worker {i}: {worker.url} (pid {worker.pid})", flush=True)
+            router_url = await self._start_router(nursery)
+            await self._wait_router_healthy(router_url)
+        if startup.cancelled_caught:
+            raise CommandError(f"not ready within --startup-timeout {self.args.startup_timeout:g} s: {self._not_ready()}")
+        self.ready = True
+        while self._held:
+            print(self._held.popleft(), file=sys.stderr, flush=True)
+        assert self.router is not None
+        print(
+            f"router: {router_url} (pid {self.router.pid}, {len(self.workers)} workers, metrics {self.metrics_url})",
+            flush=True,
+        )
+        print(f"{_PROG}: ready; Ctrl-C stops the router and the workers", file=sys.stderr, flush=True)
+        await trio.sleep_forever()
+
+    def _not_ready(self) -> str:
+        starting = [w.name for w in self.workers if not w.listening.is_set()]
+        if starting:
+            return f"{', '.join(starting)} still loading (not listening yet)"
+        if self.router is None:
+            return "sglang-router not started"
+        return f"sglang-router has not reported {len(self.workers)} healthy workers ({self._last_report})"
+
+    _last_report = "no answer yet"
+
+    async def _start_router(self, nursery: trio.Nursery) -> str:
+        if importlib.util.find_spec("sglang_router") is None:
+            raise CommandError("sglang-router is not installed: pip install 'rollout-trio[fleet]'")
+        router_port = self.args.port or _free_port()
+        metrics_port = _free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        remaining = max(1, int(trio.current_effective_deadline() - trio.current_time()))
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(router_port),
+            "--worker-urls",
+            *(w.url or "" for w in self.workers),
+            "--policy",
+            self.args.policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(metrics_port),
+            "--log-level",
+            self.args.router_log_level,
+            "--health-check-interval-secs",
+            str(self.args.health_interval),
+            "--worker-startup-check-interval",
+            "1",
+            "--worker-startup-timeout-secs",
+            str(remaining),
+            "--shutdown-grace-period-secs",
+            str(max(1, int(self.args.stop_timeout) - 1)),
+        ]
+        self.router = Child("router", argv, url=f"http://127.0.0.1:{router_port}")
+        await self._spawn(self.router, nursery)
+        return self.router.url or ""
+
+    async def _wait_router_healthy(self, router_url: str) -> None:
+        """Poll the router's ``GET /workers`` until it lists every worker healthy."""
+        wanted = {w.url for w in self.workers}
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                try:
+                    answer = (await client.get(router_url + "/workers")).json()
+                    healthy = {w.get("url") for w in answer.get("workers", []) if w.get("is_healthy")}
+                    self._last_report = f"{len(healthy & wanted)} of {len(wanted)} healthy"
+                    if wanted <= healthy:
+                        return
+                except (httpx.HTTPError, json.JSONDecodeError, AttributeError) as exc:
+                    self._last_report = f"last answer: {type(exc).__name__}: {exc}"
+                await trio.sleep(0.05)
+
+    async def stop(self) -> list[Child]:
+        """Stop the router, then every worker (SIGTERM, then SIGKILL); returns what was running."""
+        running = [c for c in self.children[::-1] if c.process is not None and not c.exited.is_set()]
+        if self.router in running:
+            await self._stop_one(self.router)
+        async with trio.open_nursery() as nursery:
+            for worker in self.workers:
+                if worker in running:
+                    nursery.start_soon(self._stop_one, worker)
+        return running
+
+    async def _stop_one(self, child: Child | None) -> None:
+        if child is None or child.process is None:
+            return
+        child.stopping = True
+        process = child.process
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(self.args.stop_timeout):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                await stream.aclose()
+
+
+def _summary(stopped: list[Child]) -> str:
+    if not stopped:
+        return "nothing was running"
+    return "stopped " + ", ".join(f"{c.describe()} (pid {c.pid})" for c in stopped)
+
+
+async def _serve_fleet(args: argparse.Namespace, worker_options: list[str]) -> int:
+    fleet = Fleet(args, worker_options)
+    received: list[int] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signal() -> None:
+                    async for signum in signals:
+                        received.append(signum)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(on_signal)
+                await fleet.run(nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                stopped = await fleet.stop()
+            if received:
+                how = "interrupted" if received == [signal.SIGINT] else "terminated"
+                print(f"{_PROG}: {how}; {_summary(stopped)}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED if received == [signal.SIGINT] else 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    return trio.run(_serve_fleet, args, args.worker_options)
+
+
+def fleet_main(argv: Sequence[str]) -> int:
+    """Run the fleet until Ctrl-C (exit status 130) or SIGTERM (0); returns the exit status."""
+    return run_command(_PROG, _parser(), argv, _main)
+
+
+if __name__ == "__main__":
+    sys.exit(fleet_main(sys.argv[1:]))

@@ -1,0 +1,34 @@
+"""bench/fleet_bench.py runs (a tiny --quick smoke run) and prints every figure with its target."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest_remote import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_fleet_bench_quick_prints_every_figure_with_its_target():
+    run = subprocess.run(
+        [sys.executable, "bench/fleet_bench.py", "--quick", "--servers", "4", "--episodes", "200", "--seconds", "0.2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    for figure, target in [
+        ("client CPU per request", "target <= 50 us"),
+        ("Trio loop lag p99", "target < 10 ms"),
+        ("pause fan-out p99 (4 servers)", "target < 50 ms"),
+        ("resume fan-out p99 (4 servers)", "target < 50 ms"),
+        ("update fan-out p99 (4 servers)", "target < 50 ms"),
+    ]:
+        assert re.search(rf"{re.escape(figure)}\s+\d+\.\d \w+\s+{re.escape(target)}\s+(ok|MISSED)", out), out
+    assert re.search(r"through sglang-router\s+\d+\.\d req/s\s+direct\s+\d+\.\d req/s\s+router / direct \d+\.\d\dx", out), out
+    assert re.search(r"the full run \(python bench/fleet_bench.py\) takes about \d+ s", out), out

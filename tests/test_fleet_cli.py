@@ -1,0 +1,123 @@
+"""`rollout-trio fleet` (issue 16 item 6): N `serve` workers behind a real sglang-router.
+
+Driven as a subprocess, synchronising on what it prints. Usage errors are one line and
+exit 2; a failed start is one line and exit 1; Ctrl-C stops the router and the workers
+and exits 130 saying what it stopped, SIGTERM the same with 0; a worker that dies is
+reported and the router keeps serving from the others; no child ever survives the command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import httpx
+import pytest
+
+from rollout_trio.cli import main
+from tests.fleet_helpers import FleetProcess, alive, fleet, worker_stats
+
+GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--workers", "0"], "--workers: must be an integer >= 1, got '0'"),
+        (["--policy", "manual"], "--policy: invalid choice: 'manual'"),
+        (["--host", "0.0.0.0"], "--host: the fleet sets it for every worker (workers listen on 127.0.0.1)"),
+        (["--port-file=/tmp/p"], "--port-file: the fleet sets it for every worker"),
+        (["--segment-tokens", "0"], "--segment-tokens: must be an integer >= 1, got '0'"),  # a serve option
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--work", "3"], "unrecognized arguments: --work 3"),  # no prefix matching of --workers
+    ],
+)
+def test_a_bad_option_of_the_fleet_or_its_workers_is_one_line_and_exit_2(capsys, argv, says):
+    assert main(["fleet", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rollout-trio fleet: error: ") and says in lines[0], lines
+    assert lines[0].endswith("(see rollout-trio fleet --help)")
+
+
+def test_a_worker_that_cannot_start_is_one_line_exit_1_and_nothing_is_left_running():
+    process = FleetProcess("--workers", "2", "--model", "/nonexistent/checkpoint")
+    try:
+        assert process.wait() == 1
+    finally:
+        process.stop()
+    assert process.stdout == []  # nothing was ever ready
+    assert len(process.stderr) == 1, process.stderr
+    assert re.fullmatch(
+        r"rollout-trio fleet: error: worker [01] exited with status 1 before it was ready: "
+        r"rollout-trio serve: error: --model /nonexistent/checkpoint: no such checkpoint directory",
+        process.stderr[0],
+    ), process.stderr
+    assert process.survivors() == []
+
+
+def test_the_startup_deadline_is_one_line_naming_what_was_not_ready():
+    process = FleetProcess("--workers", "2", "--startup-timeout", "0.2")
+    try:
+        assert process.wait() == 1
+    finally:
+        process.stop()
+    assert process.stderr == [
+        "rollout-trio fleet: error: not ready within --startup-timeout 0.2 s: "
+        "worker 0, worker 1 still loading (not listening yet)"
+    ]
+    assert process.survivors() == []
+
+
+def test_the_fleet_serves_through_the_router_survives_a_dead_worker_and_ctrl_c_stops_all():
+    with fleet("--policy", "round_robin", workers=2) as running:
+        assert len(set(running.pids)) == 3 and all(map(alive, running.pids))
+        assert running.survivors() == sorted([running.proc.pid, *running.pids])
+        for url, _ in running.workers:  # each worker answers on its own address
+            assert httpx.get(url + "/health", timeout=10).status_code == 200
+        rids = [f"through-router-{i}" for i in range(4)]
+        for rid in rids:
+            answer = httpx.post(running.router + "/generate", json={**GENERATE, "rid": rid}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["output_ids"], answer.text
+        served = [
+            [rid for rid in rids if any(f.startswith(rid) for f in worker_stats(url)["finished_rids"])]  # type: ignore[union-attr]
+            for url, _ in running.workers
+        ]
+        assert sorted(served[0] + served[1]) == rids and served[0] and served[1]  # round robin used both
+
+        (dead_url, dead_pid) = running.workers[1]
+        running_pids = [p for p in running.pids if p != dead_pid]
+        os.kill(dead_pid, signal.SIGKILL)
+        running.expect(
+            rf"worker 1 at {re.escape(dead_url)} \(pid {dead_pid}\) exited with signal SIGKILL; 1 of 2 workers left",
+            stream="err",
+            timeout=30,
+        )
+        for i in range(4):  # the router retries what it sent to the dead worker on the live one
+            answer = httpx.post(running.router + "/generate", json={**GENERATE, "rid": f"after-{i}"}, timeout=60)
+            assert answer.status_code == 200, answer.text
+
+        running.proc.send_signal(signal.SIGINT)
+        assert running.wait() == 130
+        last = running.stderr[-1]
+        assert last.startswith("rollout-trio fleet: interrupted; stopped router at " + running.router), last
+        assert f"worker 0 at {running.workers[0][0]} (pid {running.workers[0][1]})" in last
+        assert "worker 1" not in last  # it was dead already: not claimed as stopped
+        assert not any(map(alive, running_pids)) and running.survivors() == []
+
+
+def test_sigterm_stops_the_fleet_with_status_0():
+    with fleet(workers=1) as running:
+        running.proc.send_signal(signal.SIGTERM)
+        assert running.wait() == 0
+        assert running.stderr[-1].startswith("rollout-trio fleet: terminated; stopped router at "), running.stderr
+        assert running.survivors() == []
+
+
+def test_the_router_dying_is_a_one_line_failure_and_the_workers_are_stopped():
+    with fleet(workers=1) as running:
+        os.kill(running.router_pid, signal.SIGKILL)
+        assert running.wait() == 1
+        assert running.stderr[-1] == "rollout-trio fleet: error: sglang-router exited with signal SIGKILL", running.stderr
+        assert running.survivors() == []
