@@ -8,9 +8,11 @@ from ._remote import RemoteEngine as RemoteEngine
 from ._remote_http import RetryPolicy as RetryPolicy
 from ._replay import ReplayEngine as ReplayEngine
 from ._replay import ReplayMismatchError as ReplayMismatchError
+from ._transport import ConnectionLimits as ConnectionLimits
 from ._transport import TrioTransport as TrioTransport
 
 __all__ = [
+    "ConnectionLimits",
     "InferenceEngine",
     "LocalEngine",
     "LocalEngineStatistics",

@@ -5,12 +5,14 @@ Errors from httpx and from the server's status codes become the
 
     httpx.TimeoutException, our per-attempt deadline  ->  EngineTimeoutError
     the transport's ResponseTooLarge                 ->  EngineProtocolError
+    the transport's LocalResourceError (EMFILE)      ->  EngineLocalError
     httpx.ConnectError, any other transport error     ->  EngineConnectError
     HTTP status >= 400                                ->  EngineServerError(status_code)
     a 2xx body that is not the expected JSON          ->  EngineProtocolError
 
 Retried (with exponential backoff and full jitter, bounded by the caller's deadline):
-connect errors, timeouts, 5xx and 429. Never retried: other 4xx and protocol errors.
+connect errors, local resource errors, timeouts, 5xx and 429. Never retried: other 4xx
+and protocol errors.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ import attrs
 import httpx
 import trio
 
-from .._errors import EngineConnectError, EngineError, EngineProtocolError, EngineServerError, EngineTimeoutError
+from .._errors import (
+    EngineConnectError,
+    EngineError,
+    EngineLocalError,
+    EngineProtocolError,
+    EngineServerError,
+    EngineTimeoutError,
+)
 from ._remote_wire import HttpCall
-from ._transport import ResponseTooLarge
+from ._transport import LocalResourceError, ResponseTooLarge
 
 __all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", "retrying"]
 
@@ -60,8 +69,8 @@ class RetryPolicy:
 
 
 def is_retriable(exc: BaseException) -> bool:
-    """Whether a failed attempt may be tried again: connect errors, timeouts, 5xx, 429."""
-    if isinstance(exc, (EngineConnectError, EngineTimeoutError)):
+    """Whether a failed attempt may be tried again: connect and local errors, timeouts, 5xx, 429."""
+    if isinstance(exc, (EngineConnectError, EngineLocalError, EngineTimeoutError)):
         return True
     if isinstance(exc, EngineServerError):
         return exc.status_code >= 500 or exc.status_code == 429
@@ -72,6 +81,8 @@ def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
     """The :class:`EngineError` for an httpx exception (chained by the caller)."""
     if isinstance(exc, ResponseTooLarge):  # retrying would read the same oversized answer
         return EngineProtocolError(f"{where}: {exc}")
+    if isinstance(exc, LocalResourceError):  # this machine's shortage: never the server's fault
+        return EngineLocalError(f"{where}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return EngineTimeoutError(f"{where}: timed out ({type(exc).__name__}: {exc})")
     return EngineConnectError(f"{where}: {type(exc).__name__}: {exc or 'connection failed'}")
