@@ -35,6 +35,7 @@ import errno
 import re
 import select
 from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -42,7 +43,7 @@ import httptools
 import httpx
 import trio
 
-__all__ = ["ConnectionLimits", "LocalResourceError", "ResponseTooLarge", "TrioTransport"]
+__all__ = ["ConnectionLimits", "LocalResourceError", "ResponseTooLarge", "TrioTransport", "frame_head"]
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 64 * 1024 * 1024
@@ -182,9 +183,15 @@ class _Response:
             self.complete = True
             self.keep_alive = self.parser.should_keep_alive()  # read now: llhttp resets it after
 
+    @property
+    def content(self) -> bytes:
+        """The body as received (no Content-Encoding decoded)."""
+        body = self.body
+        return body[0] if len(body) == 1 else b"".join(body)
+
     # -- driving
 
-    def feed(self, data: bytes, request: httpx.Request) -> None:
+    def feed(self, data: bytes, request: httpx.Request | None) -> None:
         """Parse ``data``; raise ``httpx.RemoteProtocolError`` (or ResponseTooLarge) if malformed."""
         if not self.head_done:
             self.head_bytes += len(data)
@@ -210,7 +217,7 @@ class _Response:
         # The bound applies to the head only: a body may follow it in the same read.
         return b"\r\n\r\n" in data and self.head_bytes - len(data) + data.index(b"\r\n\r\n") + 4 <= MAX_HEAD
 
-    def end_of_stream(self, request: httpx.Request) -> None:
+    def end_of_stream(self, request: httpx.Request | None) -> None:
         """The server closed: fine only for a body delimited by the close itself."""
         if self.head_done and self.eof_delimited:
             self.complete = True
@@ -309,17 +316,44 @@ class TrioTransport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:
             body = await request.aread()
         timeouts = request.extensions.get("timeout") or {}
-        data = _frame(request, body)
-        origin = self._origins.get(key)
-        if origin is None:
-            origin = self._origins[key] = _Origin(self.limits.max_connections_per_server)
-        await self._acquire(origin, request, timeouts.get("pool"))
+        answer = await self.exchange(key, _frame(request, body), timeouts, head=request.method == "HEAD", request=request)
+        response = httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=httpx.ByteStream(b"".join(answer.body)),
+            extensions={"http_version": b"HTTP/" + answer.version.encode(), "reason_phrase": answer.reason},
+            request=request,
+        )
+        response.read()  # a ByteStream: decodes Content-Encoding, no I/O
+        return response
+
+    async def exchange(
+        self,
+        origin: tuple[str, int],
+        data: bytes,
+        timeouts: Mapping[str, float | None],
+        *,
+        head: bool = False,
+        request: httpx.Request | None = None,
+    ) -> _Response:
+        """Send the framed request ``data`` to ``origin`` and read the whole answer.
+
+        What ``handle_async_request`` does once the request is framed; callers that frame
+        their own requests (``HttpSession``'s hot path) call it directly and read the
+        answer's ``status``, ``headers`` and ``content``. Raises httpx's exceptions.
+        """
+        if self._closed:
+            raise RuntimeError("TrioTransport: closed")
+        pool = self._origins.get(origin)
+        if pool is None:
+            pool = self._origins[origin] = _Origin(self.limits.max_connections_per_server)
+        await self._acquire(pool, request, timeouts.get("pool"))
         try:
-            conn = self._pop_idle(origin)
+            conn = self._pop_idle(pool)
             if conn is None:
                 if len(self._origins) > 1 and self._idle_count and self._in_flight() + self._idle_count > self.max_connections:
                     self._evict_one()  # another server's idle connection makes room for this one
-                conn = await self._connect(key, timeouts.get("connect", self.connect_timeout), request)
+                conn = await self._connect(origin, timeouts.get("connect", self.connect_timeout), request)
             reusable = False
             try:
                 try:
@@ -330,18 +364,19 @@ class TrioTransport(httpx.AsyncBaseTransport):
                             view = view[await conn.sock.send(view) :]
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     raise httpx.WriteError(str(exc) or "write failed", request=request) from exc
-                response, reusable = await _read_response(conn, request, timeouts.get("read"), self.max_body_bytes)
+                answer = await _read_response(conn, request, timeouts.get("read"), self.max_body_bytes, head)
+                reusable = answer.keep_alive and not answer.trailing and not answer.eof_delimited
             finally:
                 if reusable and not self._closed:
-                    self._keep(origin, conn)
+                    self._keep(pool, conn)
                 else:
                     conn.close()
         finally:
-            origin.slots.release()
+            pool.slots.release()
             self._slots.release()
-        return response
+        return answer
 
-    async def _acquire(self, origin: _Origin, request: httpx.Request, timeout: float | None) -> None:
+    async def _acquire(self, origin: _Origin, request: httpx.Request | None, timeout: float | None) -> None:
         """Take a slot of the server and one of the whole pool, waiting when none is free."""
         try:  # the common case: free slots, no scheduling round trip
             origin.slots.acquire_nowait()
@@ -357,7 +392,7 @@ class TrioTransport(httpx.AsyncBaseTransport):
                 raise
 
     @staticmethod
-    async def _wait(slots: trio.Semaphore, request: httpx.Request, timeout: float | None) -> None:
+    async def _wait(slots: trio.Semaphore, request: httpx.Request | None, timeout: float | None) -> None:
         try:
             with trio.fail_after(timeout if timeout is not None else float("inf")):
                 await slots.acquire()
@@ -403,7 +438,7 @@ class TrioTransport(httpx.AsyncBaseTransport):
                 self._idle_count -= 1
                 return
 
-    async def _connect(self, origin: tuple[str, int], timeout: float | None, request: httpx.Request) -> _Conn:
+    async def _connect(self, origin: tuple[str, int], timeout: float | None, request: httpx.Request | None) -> _Conn:
         try:
             with trio.fail_after(timeout if timeout is not None else float("inf")):
                 stream = await trio.open_tcp_stream(*origin)
@@ -452,12 +487,35 @@ def _local_errno(exc: BaseException) -> int | None:
 _CHECKED_NAMES: set[bytes] = set()
 
 
+def frame_head(method: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The request line and header lines of a request, checked as h11 checked them.
+
+    Raises:
+        httpx.LocalProtocolError: an illegal method, target or header name, or a CR, LF
+            or NUL in a header value.
+    """
+    raw_method = method.encode("ascii")
+    lines = [b"%s %s HTTP/1.1" % (raw_method, target)]
+    values = []
+    for name, value in headers:
+        lname = name.lower()
+        if lname not in _CHECKED_NAMES:
+            if not _TOKEN.fullmatch(name):
+                raise httpx.LocalProtocolError(f"invalid request: illegal header name {name!r}")
+            if len(_CHECKED_NAMES) < 256:
+                _CHECKED_NAMES.add(lname)
+        values.append(value)
+        lines.append(b"%s: %s" % (name, value))
+    if _BAD_VALUE.search(b"".join(values)) or not _TOKEN.fullmatch(raw_method) or not target or _BAD_TARGET.search(target):
+        raise httpx.LocalProtocolError(
+            "invalid request: a CR, LF or NUL in a header value, or an illegal method or target"
+        )
+    return lines
+
+
 def _frame(request: httpx.Request, body: bytes) -> bytes:
     """``request`` as bytes on the wire, its whole ``body`` sent with a length."""
-    method = request.method.encode("ascii")
-    target = request.url.raw_path
-    lines = [b"%s %s HTTP/1.1" % (method, target)]
-    values = []
+    headers = []
     has_length = False
     for name, value in request.headers.raw:
         lname = name.lower()
@@ -465,25 +523,19 @@ def _frame(request: httpx.Request, body: bytes) -> bytes:
             has_length = True
         elif lname == b"transfer-encoding":
             continue  # the body is already whole: send it with a length
-        if lname not in _CHECKED_NAMES:
-            if not _TOKEN.fullmatch(name):
-                raise httpx.LocalProtocolError(f"invalid request: illegal header name {name!r}", request=request)
-            if len(_CHECKED_NAMES) < 256:
-                _CHECKED_NAMES.add(lname)
-        values.append(value)
-        lines.append(b"%s: %s" % (name, value))
+        headers.append((name, value))
     if not has_length and (body or request.method in ("POST", "PUT", "PATCH")):
-        lines.append(b"content-length: %d" % len(body))
-    if _BAD_VALUE.search(b"".join(values)) or not _TOKEN.fullmatch(method) or not target or _BAD_TARGET.search(target):
-        raise httpx.LocalProtocolError(
-            "invalid request: a CR, LF or NUL in a header value, or an illegal method or target", request=request
-        )
+        headers.append((b"content-length", b"%d" % len(body)))
+    try:
+        lines = frame_head(request.method, request.url.raw_path, headers)
+    except httpx.LocalProtocolError as exc:
+        raise httpx.LocalProtocolError(str(exc), request=request) from None
     lines.append(b"")
     lines.append(body)
     return b"\r\n".join(lines)
 
 
-async def _receive(conn: _Conn, request: httpx.Request, timeout: float | None) -> bytes:
+async def _receive(conn: _Conn, request: httpx.Request | None, timeout: float | None) -> bytes:
     try:
         if timeout is None:
             return await conn.sock.recv(RECV)
@@ -496,24 +548,14 @@ async def _receive(conn: _Conn, request: httpx.Request, timeout: float | None) -
 
 
 async def _read_response(
-    conn: _Conn, request: httpx.Request, timeout: float | None, max_body: int
-) -> tuple[httpx.Response, bool]:
-    """Read one whole response (interim 1xx answers skipped); also whether the connection is reusable."""
-    answer = _Response(max_body, skip_body=request.method == "HEAD")
+    conn: _Conn, request: httpx.Request | None, timeout: float | None, max_body: int, head: bool
+) -> _Response:
+    """Read one whole response (interim 1xx answers skipped)."""
+    answer = _Response(max_body, skip_body=head)
     while not answer.complete:
         data = await _receive(conn, request, timeout)
         if not data:
             answer.end_of_stream(request)
             break
         answer.feed(data, request)
-    reusable = answer.keep_alive and not answer.trailing and not answer.eof_delimited
-    version = answer.version.encode()
-    response = httpx.Response(
-        answer.status,
-        headers=answer.headers,
-        stream=httpx.ByteStream(b"".join(answer.body)),
-        extensions={"http_version": b"HTTP/" + version, "reason_phrase": answer.reason},
-        request=request,
-    )
-    response.read()  # a ByteStream: decodes Content-Encoding, no I/O
-    return response, reusable
+    return answer
