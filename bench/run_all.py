@@ -63,9 +63,13 @@ class InstantEngine:
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         self.calls += 1
+        salt = self.calls  # read before yielding: the slots of a group get different lengths
         await trio.lowlevel.checkpoint()
-        out, lp, ver = work.respond(self.calls)
-        return ModelResponse(input_tokens=req.input_ids, output_tokens=out, output_logprobs=lp, output_versions=ver)
+        out, lp, ver = work.respond(salt)
+        # As engines build their answers: from values already checked (ModelResponse.from_engine).
+        return ModelResponse.from_engine(
+            input_tokens=req.input_ids, output_tokens=tuple(out), output_logprobs=tuple(lp), output_versions=tuple(ver)
+        )
 
 
 async def episode(engine: InstantEngine, data: dict[str, Any]) -> dict[str, torch.Tensor]:
