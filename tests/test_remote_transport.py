@@ -41,19 +41,27 @@ class RawServer:
         finally:
             self.closed += 1
 
+    async def _read_head(self, stream: trio.SocketStream, buf: bytes) -> tuple[bytes, bytes] | None:
+        """The next request head and the bytes after it; None (counted) if the client left."""
+        while b"\r\n\r\n" not in buf:
+            data = await stream.receive_some(65536)
+            if not data:
+                self.disconnects += 1
+                return None
+            buf += data
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
     async def _serve(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         served = 0
         async with stream:
             buf = b""
             while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        self.disconnects += 1
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
+                got = await self._read_head(stream, buf)
+                if got is None:
+                    return
+                head, buf = got
                 length = 0
                 for line in head.split(b"\r\n")[1:]:
                     k, _, v = line.partition(b":")
@@ -539,13 +547,8 @@ class HoldServer(RawServer):
         self.connections += 1
         async with stream:
             while True:
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        self.disconnects += 1
-                        return
-                    buf += data
+                if await self._read_head(stream, b"") is None:
+                    return
                 self.held += 1
                 await self.release.wait()
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
