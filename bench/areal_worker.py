@@ -40,8 +40,9 @@ class InstantEngine:
 
     async def agenerate(self, req: Any) -> Any:
         self.calls += 1
+        salt = self.calls  # read before yielding: the slots of a group get different lengths
         await asyncio.sleep(0)
-        out, lp, ver = work.respond(self.calls)
+        out, lp, ver = work.respond(salt)
         return A.ModelResponse(input_tokens=req.input_ids, output_tokens=out, output_logprobs=lp, output_versions=ver)
 
 

@@ -21,6 +21,13 @@ c. client: requests/s of the engine client against one fixed-answer loopback ser
 d. failure: one slot of 8 fails while the 7 others generate from ``rollout-trio serve``:
    how many siblings still run once the group has raised, and how many generations the
    server still runs 0.5 s later.
+e. agent: chat completions/s of 64 agents through the agent endpoint in process (httpx over
+   ASGI) against calling the engine directly, rollout_trio alone (AReaL has no such
+   endpoint). The target is the ceiling an httpx client allows, 1 / (1 + direct/alone),
+   where "alone" is the same client against an app answering at once (bench/agent_bench.py).
+
+Targets (printed beside each ratio): group >= 1.1x, client >= 1.0x at every concurrency,
+agent at the httpx ceiling.
 """
 
 from __future__ import annotations
@@ -63,9 +70,13 @@ class InstantEngine:
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         self.calls += 1
+        salt = self.calls  # read before yielding: the slots of a group get different lengths
         await trio.lowlevel.checkpoint()
-        out, lp, ver = work.respond(self.calls)
-        return ModelResponse(input_tokens=req.input_ids, output_tokens=out, output_logprobs=lp, output_versions=ver)
+        out, lp, ver = work.respond(salt)
+        # As engines build their answers: from values already checked (ModelResponse.from_engine).
+        return ModelResponse.from_engine(
+            input_tokens=req.input_ids, output_tokens=tuple(out), output_logprobs=tuple(lp), output_versions=tuple(ver)
+        )
 
 
 async def episode(engine: InstantEngine, data: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -133,6 +144,38 @@ def ours_client(addr: str, conc: int, seconds: float) -> float:
             return count / (time.perf_counter() - start)
 
     return trio.run(main)
+
+
+# -- e. the agent endpoint in process ------------------------------------------------------------
+
+
+async def ours_agent(turns: int, rounds: int, repeats: int) -> dict[str, float]:
+    """Completions/s of each path of bench/agent_bench.py, medians of interleaved rounds."""
+    import httpx
+
+    from bench import agent_bench as ab
+    from rollout_trio.agents import OpenAIEndpoint
+
+    engine = ab.InstantEngine()
+    endpoint = OpenAIEndpoint(engine)  # type: ignore[arg-type]
+    n = 64
+    rates: dict[str, list[float]] = {"direct": [], "in_process": [], "alone": []}
+    async with (
+        httpx.AsyncClient(transport=endpoint.in_process_transport(), base_url="http://agent/v1/", timeout=60) as inproc,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=ab.fixed_answer_app), base_url="http://agent/v1/", timeout=60) as alone,
+    ):
+        paths = {
+            "direct": ab.direct(engine, turns),
+            "in_process": ab.via_httpx(endpoint, turns, inproc),
+            "alone": ab.via_httpx(endpoint, turns, alone),
+        }
+        for _ in range(rounds):
+            for name, agent in paths.items():
+                rates[name].append(await ab.measure(agent, n, turns, repeats))
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    ratios = [i / d for i, d in zip(rates["in_process"], rates["direct"], strict=True)]
+    ceilings = [1 / (1 + d / a) for d, a in zip(rates["direct"], rates["alone"], strict=True)]
+    return {**med, "ratio": statistics.median(ratios), "ceiling": statistics.median(ceilings)}
 
 
 # -- d. one failing slot of 8 ---------------------------------------------------------------------
@@ -279,14 +322,14 @@ def loadavg() -> list[float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few seconds per section, fewer rounds")
-    p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure"], help="run only these sections")
+    p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure", "agent"], help="run only these sections")
     p.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5, quick 2)")
     p.add_argument("--out", type=Path, help="result file (default bench/results/<date>[-quick].json)")
     p.add_argument("--profile", type=int, metavar="G", help="profile one group measurement at G on both sides, then stop")
     args = p.parse_args()
     quick = args.quick
     rounds = args.rounds or (2 if quick else 5)
-    sections = args.only or ["group", "norm", "client", "failure"]
+    sections = args.only or ["group", "norm", "client", "failure", "agent"]
     torch.set_num_threads(1)
 
     areal = Areal(areal_env.ensure())
@@ -337,7 +380,7 @@ def main() -> int:
                 for conc in (1, 16, 128):
                     s = interleave(max(1, rounds - 2), lambda: ours_client(addr, conc, seconds), lambda: areal("client", addr=addr, conc=conc, seconds=seconds)["rate"])
                     res[f"concurrency={conc}"] = s
-                    print(line(f"{conc:>3} concurrent", s, "req/s", 1.0 if conc == 128 else None), flush=True)
+                    print(line(f"{conc:>3} concurrent", s, "req/s", 1.0), flush=True)
         if "failure" in sections:
             print(f"\nd. one slot of {work.FAIL_SLOTS} fails while the others generate from rollout-trio serve")
             serve = ["-m", "rollout_trio", "serve", "--port", "0", "--threads", "1", "--step-delay", "0.02", "--port-file"]
@@ -353,6 +396,15 @@ def main() -> int:
                     f"{r['siblings_running']} of {work.FAIL_SLOTS - 1}; generations on the server 0.5 s later: "
                     f"{r['server_in_flight']}"
                 )
+        if "agent" in sections:
+            turns, reps = (2, 3) if quick else (8, 5)
+            print(f"\ne. agent endpoint in process, 64 agents x {turns} completions, instant engine (completions/s)")
+            results["agent"] = r = trio.run(ours_agent, turns, max(3, rounds), reps)
+            mark = "  ok" if r["ratio"] >= r["ceiling"] else f"  < {r['ceiling']:.2f}x target (the ceiling)"
+            print(
+                f"  direct {r['direct']:,.0f}  in-process httpx {r['in_process']:,.0f}  httpx alone {r['alone']:,.0f}"
+                f"  ratio {r['ratio']:.2f}x, ceiling 1 / (1 + direct/alone) = {r['ceiling']:.2f}x{mark}"
+            )
     finally:
         areal.close()
     results["load_after"] = loadavg()

@@ -12,6 +12,7 @@ from ._convert import from_json as from_json
 from ._convert import to_json as to_json
 from ._errors import EngineConnectError as EngineConnectError
 from ._errors import EngineError as EngineError
+from ._errors import EngineLocalError as EngineLocalError
 from ._errors import EngineProtocolError as EngineProtocolError
 from ._errors import EngineServerError as EngineServerError
 from ._errors import EngineTimeoutError as EngineTimeoutError
@@ -64,6 +65,7 @@ __all__ = [
     "AgentWorkflow",
     "EngineConnectError",
     "EngineError",
+    "EngineLocalError",
     "EngineProtocolError",
     "EngineServerError",
     "EngineTimeoutError",

@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "EngineConnectError",
     "EngineError",
+    "EngineLocalError",
     "EngineProtocolError",
     "EngineServerError",
     "EngineTimeoutError",
@@ -69,6 +70,14 @@ class EngineError(RolloutError):
 
 class EngineConnectError(EngineError):
     """The inference server could not be reached (refused, reset, DNS)."""
+
+
+class EngineLocalError(EngineError):
+    """This machine ran out of a resource for the call (file descriptors, ports, memory).
+
+    Says nothing about the server: it is never marked down for it. Retried like a
+    connect error, since other calls ending free the resource.
+    """
 
 
 class EngineTimeoutError(EngineError):

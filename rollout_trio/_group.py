@@ -8,6 +8,7 @@ slots raised, each noted with its slot index, carrying the group size and failin
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from ._assemble import (
 from ._errors import GroupRolloutError, exception_leaves
 from ._processor_cache import ProcessorCache
 from ._stats import StatsRecorder
-from ._workflow import RolloutWorkflow, resolve_workflow
+from ._workflow import FunctionWorkflow, RolloutWorkflow, resolve_workflow
 
 if TYPE_CHECKING:
     from .engines import InferenceEngine
@@ -117,6 +118,12 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
         if not finalize_timeout > 0:
             raise ValueError(f"finalize_timeout must be > 0 seconds, got {finalize_timeout!r}")
         self.workflow = resolve_workflow(workflow, workflow_kwargs)
+        # A plain function is awaited directly: each adapter frame is resumed at every
+        # checkpoint of every slot.
+        wf = self.workflow
+        self._episode: Callable[[InferenceEngine, Any], Awaitable[Any]] = (
+            functools.partial(wf.fn, **wf.kwargs) if wf.kwargs else wf.fn
+        ) if type(wf) is FunctionWorkflow else wf.arun_episode
         self.policy = GroupPolicy(
             group_size, min_usable_group_size, drop_incomplete_group, reward_normalization, reward_normalization_use_std
         )
@@ -206,7 +213,7 @@ class GroupedRolloutWorkflow(RolloutWorkflow):
             )
         )
         try:
-            results[i] = await self.workflow.arun_episode(engine, data)
+            results[i] = await self._episode(engine, data)
         except Exception as exc:
             exc.add_note(f"rollout_trio: raised in slot {i} of a group of {self.group_size}")
             failed_in.update(dict.fromkeys(map(id, exception_leaves(exc)), i))

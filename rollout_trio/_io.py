@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import uuid
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -30,8 +32,26 @@ def _floats(value: Iterable[float]) -> tuple[float, ...]:
     return value if type(value) is tuple else tuple(value)
 
 
-def _new_rid() -> str:
-    return uuid.uuid4().hex
+class _RidSource:
+    """Request ids unique across processes: a random per-process prefix and a counter.
+
+    ``uuid4`` reads the OS's random source on every call (a system call per request);
+    this costs a counter step. A forked child draws a new prefix.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = uuid.uuid4().hex[:20]
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter):012x}"
+
+
+_new_rid = _RidSource()
 
 
 @attrs.frozen(kw_only=True)
@@ -43,19 +63,43 @@ class ModelRequest:
     resume after an interruption build their own copies.
     """
 
-    input_ids: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
-    gconfig: GenerationConfig = attrs.field(
-        default=_DEFAULT_GCONFIG,  # immutable, so one shared default is safe
-        validator=rule("a GenerationConfig", lambda v: isinstance(v, GenerationConfig)),
-    )
-    rid: str = attrs.field(factory=_new_rid, validator=rule("a non-empty str", lambda v: isinstance(v, str) and v != ""))
+    input_ids: tuple[int, ...] = attrs.field(converter=_ints)
+    gconfig: GenerationConfig = attrs.field(default=_DEFAULT_GCONFIG)  # immutable: one shared default is safe
+    rid: str = attrs.field(factory=_new_rid)
     tokenizer: Any = attrs.field(default=None, eq=False, repr=False)
     metadata: dict[str, Any] = attrs.field(factory=dict, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        # One check of every field; the per-field rules only run to name what failed.
+        ids = self.input_ids
+        if (not ids or _plain_token_ids(ids)) and type(self.gconfig) is GenerationConfig and type(self.rid) is str and self.rid:
+            return
+        _REQUEST_RULES.check(self)
 
     def copy(self, **changes: Any) -> ModelRequest:
         """A copy with ``changes`` applied (a fresh ``metadata`` dict)."""
         changes.setdefault("metadata", dict(self.metadata))
         return attrs.evolve(self, **changes)
+
+
+def _plain_token_ids(values: tuple[Any, ...]) -> bool:
+    """Non-empty ``values`` are all plain ``int`` s >= 0 (two passes in C)."""
+    return set(map(type, values)) == _INT and min(values) >= 0
+
+
+_INT = {int}
+_FLOAT = {float}
+
+
+class _Rules:
+    """attrs-style validators of a class, run one by one to name the field that fails."""
+
+    def __init__(self, cls: type, rules: dict[str, Any]) -> None:
+        self.rules = [(attribute, rules[attribute.name]) for attribute in attrs.fields(cls) if attribute.name in rules]
+
+    def check(self, instance: Any) -> None:
+        for attribute, validate in self.rules:
+            validate(instance, attribute, getattr(instance, attribute.name))
 
 
 def _version_list(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -89,18 +133,32 @@ class ModelResponse:
     first output token, both in seconds.
     """
 
-    input_tokens: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
-    output_tokens: tuple[int, ...] = attrs.field(converter=_ints, validator=int_list)
-    output_logprobs: tuple[float, ...] = attrs.field(converter=_floats, validator=_logprob_list)
-    output_versions: tuple[int, ...] = attrs.field(converter=_ints, validator=_version_list)
-    stop_reason: StopReason = attrs.field(
-        default="stop", validator=rule(f"one of {STOP_REASONS}", lambda v: v in STOP_REASONS)
-    )
-    latency: float = attrs.field(default=0.0, validator=rule("latency >= 0", lambda v: is_real(v) and v >= 0))
-    ttft: float = attrs.field(default=0.0, validator=rule("ttft >= 0", lambda v: is_real(v) and v >= 0))
+    input_tokens: tuple[int, ...] = attrs.field(converter=_ints)
+    output_tokens: tuple[int, ...] = attrs.field(converter=_ints)
+    output_logprobs: tuple[float, ...] = attrs.field(converter=_floats)
+    output_versions: tuple[int, ...] = attrs.field(converter=_ints)
+    stop_reason: StopReason = "stop"
+    latency: float = 0.0
+    ttft: float = 0.0
     tokenizer: Any = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        # One check of every field (a few passes in C over each list); the per-field rules
+        # only run to name what failed.
+        out, lps, vers = self.output_tokens, self.output_logprobs, self.output_versions
+        n = len(out)
+        if (
+            len(lps) == n
+            and len(vers) == n
+            and (not self.input_tokens or _plain_token_ids(self.input_tokens))
+            and (not n or (_plain_token_ids(out) and set(map(type, vers)) == _INT))
+            and (not n or (set(map(type, lps)) == _FLOAT and max(lps) <= 1e-6 and math.isfinite(sum(lps))))
+            and self.stop_reason in STOP_REASONS
+            and type(self.latency) is float and 0.0 <= self.latency < math.inf
+            and type(self.ttft) is float and 0.0 <= self.ttft < math.inf
+        ):
+            return
+        _RESPONSE_RULES.check(self)
         n = len(self.output_tokens)
         for name in ("output_logprobs", "output_versions"):
             got = len(getattr(self, name))
@@ -119,3 +177,56 @@ class ModelResponse:
     def output_len(self) -> int:
         """Number of generated tokens."""
         return len(self.output_tokens)
+
+    @classmethod
+    def from_engine(
+        cls,
+        *,
+        input_tokens: tuple[int, ...],
+        output_tokens: tuple[int, ...],
+        output_logprobs: tuple[float, ...],
+        output_versions: tuple[int, ...],
+        stop_reason: StopReason = "stop",
+        latency: float = 0.0,
+        ttft: float = 0.0,
+        tokenizer: Any = None,
+    ) -> ModelResponse:
+        """A response an engine built from values it has already checked, without checking again.
+
+        For engines only (a server's answer is checked where it is parsed): the fields
+        must already be tuples obeying the class's rules. Costs what a plain dataclass
+        costs; user code builds responses with the checking constructor.
+        """
+        self = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(self, "input_tokens", input_tokens)
+        setattr_(self, "output_tokens", output_tokens)
+        setattr_(self, "output_logprobs", output_logprobs)
+        setattr_(self, "output_versions", output_versions)
+        setattr_(self, "stop_reason", stop_reason)
+        setattr_(self, "latency", latency)
+        setattr_(self, "ttft", ttft)
+        setattr_(self, "tokenizer", tokenizer)
+        return self
+
+
+_REQUEST_RULES = _Rules(
+    ModelRequest,
+    {
+        "input_ids": int_list,
+        "gconfig": rule("a GenerationConfig", lambda v: isinstance(v, GenerationConfig)),
+        "rid": rule("a non-empty str", lambda v: isinstance(v, str) and v != ""),
+    },
+)
+_RESPONSE_RULES = _Rules(
+    ModelResponse,
+    {
+        "input_tokens": int_list,
+        "output_tokens": int_list,
+        "output_logprobs": _logprob_list,
+        "output_versions": _version_list,
+        "stop_reason": rule(f"one of {STOP_REASONS}", lambda v: v in STOP_REASONS),
+        "latency": rule("latency >= 0", lambda v: is_real(v) and v >= 0),
+        "ttft": rule("ttft >= 0", lambda v: is_real(v) and v >= 0),
+    },
+)

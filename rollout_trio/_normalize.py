@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -337,22 +338,53 @@ def rollout_time_affine(references: torch.Tensor | Sequence[float]) -> tuple[tor
         ValueError: no references, or one that is not finite or beyond float32's range.
     """
     if isinstance(references, torch.Tensor):
-        r = references
+        r = _real_tensor("references", references)
+        if r.ndim != 1 or r.numel() == 0:
+            raise ValueError(f"references: must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
+        values = r.tolist()
     else:
-        r = torch.as_tensor([float(v) for v in references], dtype=_F64)
-    r = _real_tensor("references", r)
-    if r.ndim != 1 or r.numel() == 0:
-        raise ValueError(f"references: must be a non-empty 1-D sequence, got shape {tuple(r.shape)}")
-    r = r.to(_F64)
-    if not bool(r.abs().max() <= _FLOAT32_MAX):  # NaN fails the comparison too
-        raise ValueError(f"references: must be finite and within float32's range, got {r.tolist()!r}")
-    mean = r.mean()
-    if r.numel() == 1:
-        return mean.to(torch.float32), _ONE32
-    dev = r - mean
-    std = torch.sqrt((dev * dev).mean())
-    scale = _ONE32 if float(std) <= _ROLLOUT_EPS else (std + _ROLLOUT_EPS).to(torch.float32)
-    return mean.to(torch.float32), scale
+        values = [float(v) for v in references]
+        if not values:
+            raise ValueError("references: must be a non-empty 1-D sequence, got shape (0,)")
+    mean, scale = rollout_time_stats(values)
+    return torch.tensor(mean, dtype=torch.float32), (_ONE32 if scale == 1.0 else torch.tensor(scale, dtype=torch.float32))
+
+
+def rollout_time_stats(values: list[float]) -> tuple[float, float]:
+    """:func:`rollout_time_affine` on Python floats: ``(mean, divisor)``, each a float32 value.
+
+    A group holds a few references, so plain float64 arithmetic (``math.fsum``, exactly
+    rounded) beats a dozen tensor ops; the results are the float32 values the tensors hold.
+
+    Raises:
+        ValueError: a reference that is not finite or beyond float32's range.
+    """
+    total = sum(values)  # NaN or an infinity anywhere makes it non-finite
+    if not (math.isfinite(total) and -_FLOAT32_MAX <= min(values) and max(values) <= _FLOAT32_MAX):
+        raise ValueError(f"references: must be finite and within float32's range, got {values!r}")
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n == 1:
+        return _to_float32(mean), 1.0
+    std = math.sqrt(math.fsum([(v - mean) * (v - mean) for v in values]) / n)
+    return _to_float32(mean), (1.0 if std <= _ROLLOUT_EPS else _to_float32(std + _ROLLOUT_EPS))
+
+
+def _to_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (as a Python float)."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def rollout_time_apply_floats(values: list[float], mean: float, scale: float) -> list[float] | None:
+    """:func:`rollout_time_apply` on float32 values as Python floats, in float64.
+
+    Returns None when a result lies beyond float32's range (the tensor version then
+    saturates or raises, as it documents); the caller rounds the results to float32.
+    """
+    out = [(v - mean) / scale for v in values]
+    if not (-_FLOAT32_MAX <= min(out) and max(out) <= _FLOAT32_MAX):
+        return None
+    return out
 
 
 def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

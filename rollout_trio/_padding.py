@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ._errors import WorkflowContractError
-from ._rollout_group import RolloutGroup
+from ._rollout_group import FLOAT32_MAX, RolloutGroup
 from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
 
 __all__ = ["concat_trajectories", "join_slots", "split_trajectories"]
@@ -22,53 +23,119 @@ def _as_trajectory(item: TrajectoryLike, label: int) -> Trajectory:
     return Trajectory.from_dict(item, where=f"slot {label}: ")
 
 
-def _join_one_row_dicts(items: Sequence[Any]) -> dict[str, Any] | None:
-    """Join plain dicts of one-row tensors without building a Trajectory per item.
+def _join_one_row_dicts(items: Sequence[Any]) -> Trajectory | None:
+    """Join plain dicts of one-row contract tensors, validating the batch once, in bulk.
 
-    The common shape of a group's results. Returns None as soon as anything is not of
-    that shape (the general path then handles it, and names the slot on errors).
+    The common shape of a group's results. Each key's rows are joined into one flat row
+    first: every value rule is checked there (one reduction per key, whatever G is), and
+    the flat row is then scattered into the padded batch (padding keeps every rule). The
+    result is built without a second validation. Returns None as soon as anything is not
+    of that shape or breaks a rule: the general path then handles it and names the slot.
     """
     first = items[0]
     if type(first) is not dict:
         return None
     keys = first.keys()
-    if "rollout_group" in keys or any(type(d) is not dict or d.keys() != keys for d in items):
+    if not keys <= _FAST_KEYS or "input_ids" not in keys or "attention_mask" not in keys:
+        return None
+    if any(type(d) is not dict or d.keys() != keys for d in items):
         return None
     try:
         return _join_rows(items, keys)
-    except (KeyError, AttributeError, TypeError, RuntimeError):
-        # Not tensors, mixed devices or dtypes: torch refuses, and the general path decides.
+    except (KeyError, AttributeError, TypeError, RuntimeError, ValueError, IndexError):
+        # Not tensors, mixed devices, a broken rule: the general path decides and names the slot.
         return None
 
 
-def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> dict[str, Any] | None:
-    # Shapes are compared as whole lists (one comparison per key); torch itself refuses
-    # mixed devices, and mixed dtypes (masked_scatter_ needs its source in the output's).
-    row_shapes = [d["input_ids"].shape for d in items]
-    if any(len(shape) != 2 or shape[0] != 1 for shape in row_shapes):
-        return None
-    one_shapes = [(1,)] * len(items)
-    layout = _RowLayout([shape[1] for shape in row_shapes])
-    joined: dict[str, Any] = {}
-    for key in keys:
-        values = [d[key] for d in items]
-        if key == "rollout_reward":
-            joined[key] = values
-            continue
-        if type(values[0]) is not torch.Tensor:
-            return None
-        shapes = [v.shape for v in values]
-        if shapes == row_shapes:
-            joined[key] = layout.place(values, PAD_VALUES.get(key, 0))
-        elif shapes == one_shapes:
-            joined[key] = torch.cat(values)
-            if joined[key].dtype != values[0].dtype:
-                return None
+_FAST_KEYS = frozenset(KNOWN_KEYS) - {"rollout_group"}
+_SEQ_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+_ROW_DTYPES = {"rewards": "f", "original_rewards": "f", "is_truncated": "b"}
+_SEQ_DTYPES = {"input_ids": "i", "attention_mask": "b", "loss_mask": "i", "logprobs": "f", "versions": "i"}
+_KIND_OK: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
+    ok = _KIND_OK.get((kind, dtype))
+    if ok is None:
+        if kind == "f":
+            ok = dtype.is_floating_point
+        elif kind == "b":
+            ok = dtype == torch.bool
         else:
+            ok = dtype != torch.bool and not dtype.is_floating_point and not dtype.is_complex
+        _KIND_OK[(kind, dtype)] = ok
+    return ok
+
+
+def _joined(items: Sequence[dict[str, Any]], key: str, shapes: list[Any], kind: str, dim: int) -> torch.Tensor:
+    """``key``'s values of every item joined along ``dim``; raises if they do not fit."""
+    values = [d[key] for d in items]
+    if [v.shape for v in values] != shapes:
+        raise ValueError(key)
+    dtype = values[0].dtype
+    if not _kind_ok(kind, dtype) or any(v.dtype is not dtype for v in values):
+        raise ValueError(key)  # mixed dtypes are promoted by the general path
+    return torch.cat(values, dim=dim)
+
+
+def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
+    n = len(items)
+    ids = [d["input_ids"] for d in items]
+    shapes = [v.shape for v in ids]
+    if any(len(shape) != 2 or shape[0] != 1 or shape[1] < 1 for shape in shapes):
+        return None
+    widths = [shape[1] for shape in shapes]
+    width = max(widths)
+    padded = min(widths) != width
+    # Equal widths: the rows stacked are the batch. Else each key's rows joined into one
+    # flat row, scattered into the padded batch below.
+    dim = 1 if padded else 0
+    seqs = {key: _joined(items, key, shapes, _SEQ_DTYPES[key], dim) for key in _SEQ_KEYS if key in keys}
+    row_shape = [torch.Size((1,))] * n
+    rows = {key: _joined(items, key, row_shape, kind, 0) for key, kind in _ROW_DTYPES.items() if key in keys}
+    device = seqs["input_ids"].device
+    if any(t.device != device for t in (*seqs.values(), *rows.values())):
+        return None
+    # -- the value rules, once over all rows (see _trajectory._validate_values)
+    if not bool(seqs["attention_mask"].all()):
+        return None  # a row with padding of its own: the general path checks it position by position
+    if int(seqs["input_ids"].min()) < 0:
+        return None
+    lp = seqs.get("logprobs")
+    if lp is not None:
+        lo, hi = torch.aminmax(lp)
+        if not (math.isfinite(float(lo)) and float(hi) <= 1e-6):
             return None
-    refs = joined.pop("rollout_reward", None) or [None] * len(items)
-    joined["rollout_group"] = RolloutGroup((1,) * len(items), tuple(refs))
-    return joined
+    for key in ("rewards", "original_rewards"):
+        value = rows.get(key)
+        if value is not None:
+            lo, hi = torch.aminmax(value)
+            if not (-FLOAT32_MAX <= float(lo) and float(hi) <= FLOAT32_MAX):  # NaN fails too
+                return None
+    lm = seqs.get("loss_mask")
+    if lm is not None:
+        lo, hi = torch.aminmax(lm)
+        if int(lo) < 0 or int(hi) > 1:
+            return None
+        ver = seqs.get("versions")
+        if ver is not None and bool(((ver != -1) > lm).any()):
+            return None
+    if "rollout_reward" in keys:
+        group = RolloutGroup((1,) * n, tuple(d["rollout_reward"] for d in items))  # checks each reference
+    else:
+        group = RolloutGroup.unchecked((1,) * n, (None,) * n)
+    joined: dict[str, Any] = dict(rows)
+    if not padded:
+        joined.update(seqs)
+    else:  # one fill and one masked scatter per key; padding keeps every rule
+        mask = torch.arange(width, device=device) < torch.tensor(widths, device=device)[:, None]
+        for key, value in seqs.items():
+            if key == "attention_mask":
+                joined[key] = mask  # every real position attends (checked above)
+            else:
+                out = torch.full((n, width), PAD_VALUES.get(key, 0), dtype=value.dtype, device=device)
+                joined[key] = out.masked_scatter_(mask, value)
+    return Trajectory._unchecked(**joined, rollout_group=group)
 
 
 def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
@@ -176,8 +243,7 @@ def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> Trajec
     try:
         joined = _join_one_row_dicts(items)
         if joined is not None:
-            # One validation of the whole batch: padding keeps every rule, so it checks every item.
-            return Trajectory.from_dict(joined)
+            return joined
     except WorkflowContractError:
         pass  # the general path below finds the item that broke the rule and names it
     _check_one_device(items, labels)

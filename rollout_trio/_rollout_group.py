@@ -99,6 +99,14 @@ class RolloutGroup:
         )
         object.__setattr__(self, "rewards", rewards)
 
+    @classmethod
+    def unchecked(cls, row_counts: tuple[int, ...], rewards: tuple[float | None, ...]) -> RolloutGroup:
+        """Build from values the library produced and checked itself (no conversion, no checks)."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "row_counts", row_counts)
+        object.__setattr__(self, "rewards", rewards)
+        return self
+
     @property
     def n_rollouts(self) -> int:
         """Number of logical rollouts."""

@@ -239,7 +239,7 @@ class Trajectory:
 
     def _replace_unchecked(self, **changes: Any) -> Trajectory:
         """A copy with ``changes``, without validation (the caller guarantees them)."""
-        fields = {a.name: getattr(self, a.name) for a in attrs.fields(type(self))}
+        fields = {name: getattr(self, name) for name in _FIELD_NAMES}
         fields.update(changes)
         return type(self)._unchecked(**fields)
 

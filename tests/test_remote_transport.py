@@ -41,19 +41,27 @@ class RawServer:
         finally:
             self.closed += 1
 
+    async def _read_head(self, stream: trio.SocketStream, buf: bytes) -> tuple[bytes, bytes] | None:
+        """The next request head and the bytes after it; None (counted) if the client left."""
+        while b"\r\n\r\n" not in buf:
+            data = await stream.receive_some(65536)
+            if not data:
+                self.disconnects += 1
+                return None
+            buf += data
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
     async def _serve(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         served = 0
         async with stream:
             buf = b""
             while True:
-                while b"\r\n\r\n" not in buf:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        self.disconnects += 1
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
+                got = await self._read_head(stream, buf)
+                if got is None:
+                    return
+                head, buf = got
                 length = 0
                 for line in head.split(b"\r\n")[1:]:
                     k, _, v = line.partition(b":")
@@ -448,3 +456,190 @@ def test_transport_uses_only_httpx_public_api() -> None:
 
     source = inspect.getsource(_transport)
     assert "._content" not in source and "response._" not in source
+
+
+# --------------------------------------------------------------------- connection limits and local errors
+
+# A client process with few file descriptors: 400 requests at once to one healthy server,
+# through the default pool, then through one without a cap. Prints, per pool, what became
+# of each request and which servers the engine marked down.
+LOW_FD_CLIENT = r"""
+import collections, json, resource, sys
+import trio
+from rollout_trio import EngineError, GenerationConfig, ModelRequest
+from rollout_trio.engines import RemoteEngine, RetryPolicy, TrioTransport
+
+address, fds = sys.argv[1], int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (fds, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+async def run(transport):
+    outcomes = collections.Counter()
+    async with RemoteEngine(address, "sglang", transport=transport, retry=RetryPolicy(attempts=1), health_interval=3600) as engine:
+        async def one():
+            try:
+                await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=2)))
+                outcomes["ok"] += 1
+            except EngineError as exc:
+                outcomes[type(exc).__name__] += 1
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(400):
+                    nursery.start_soon(one)
+        return {"outcomes": outcomes, "down": [s.base_url for s in engine.servers if not s.up]}
+
+async def main():
+    out = {"default": await run(TrioTransport())}
+    try:
+        from rollout_trio.engines import ConnectionLimits
+    except ImportError:  # no limits to lift
+        out["uncapped"] = await run(TrioTransport())
+    else:
+        out["uncapped"] = await run(TrioTransport(limits=ConnectionLimits(max_connections=100_000)))
+    print(json.dumps(out))
+
+trio.run(main)
+"""
+
+
+async def test_out_of_file_descriptors_waits_or_fails_locally_and_never_blames_the_server() -> None:
+    """With 96 fds, 400 requests at once to a healthy server: the default pool caps connections
+    below the limit, so all succeed; a pool without a cap runs out, and those requests fail
+    as EngineLocalError. Either way the server is never marked down."""
+    import os
+    import sys
+
+    from .conftest_remote import ROOT, FakeServer, default_reply, sglang_body
+
+    async def script(method: str, path: str, body: Any) -> Any:
+        if path == "/generate":
+            return 200, sglang_body([7, 8])
+        return await default_reply(method, path, body)
+
+    server = FakeServer(script)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            done = await trio.run_process(
+                [sys.executable, "-c", LOW_FD_CLIENT, server.address, "96"],
+                capture_stdout=True, capture_stderr=True, env=env, check=False,
+            )
+            nursery.cancel_scope.cancel()
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert result["default"] == {"outcomes": {"ok": 400}, "down": []}
+    uncapped = result["uncapped"]
+    assert uncapped["down"] == []
+    outcomes = uncapped["outcomes"]
+    assert set(outcomes) <= {"ok", "EngineLocalError"} and outcomes.get("EngineLocalError", 0) > 0, outcomes
+    assert sum(outcomes.values()) == 400
+
+
+class HoldServer(RawServer):
+    """Answers "ok" to every request, but only once ``release`` is set; counts requests held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = trio.Event()
+        self.held = 0
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        async with stream:
+            while True:
+                if await self._read_head(stream, b"") is None:
+                    return
+                self.held += 1
+                await self.release.wait()
+                await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+
+async def test_requests_beyond_the_per_server_limit_wait_for_a_connection() -> None:
+    from rollout_trio.engines import ConnectionLimits
+
+    server = HoldServer()
+
+    async def run() -> list[int]:
+        limits = ConnectionLimits(max_connections_per_server=2)
+        async with httpx.AsyncClient(transport=TrioTransport(limits=limits)) as client:
+            url = f"http://127.0.0.1:{server.port}/"
+            codes: list[int] = []
+
+            async def one() -> None:
+                codes.append((await client.get(url)).status_code)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(one)
+                while server.held < 2:
+                    await trio.sleep(0.001)
+                await trio.testing.wait_all_tasks_blocked()
+                assert (server.connections, server.held) == (2, 2)  # three requests wait for a slot
+                server.release.set()
+            return codes
+
+    with trio.fail_after(5):
+        assert await with_server(server, run) == [200] * 5
+    assert server.connections == 2  # the waiting requests reused the two connections
+
+
+async def test_waiting_for_a_slot_is_bounded_by_the_pool_timeout() -> None:
+    from rollout_trio.engines import ConnectionLimits
+
+    server = HoldServer()
+
+    async def run() -> None:
+        transport = TrioTransport(limits=ConnectionLimits(max_connections_per_server=1))
+        async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5, pool=0.05)) as client:
+            url = f"http://127.0.0.1:{server.port}/"
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client.get, url)
+                while server.held < 1:
+                    await trio.sleep(0.001)
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get(url)
+                server.release.set()
+
+    with trio.fail_after(5):
+        await with_server(server, run)
+    assert server.connections == 1
+
+
+async def test_idle_connections_expire_and_extra_ones_close(mock_clock: trio.testing.MockClock) -> None:
+    from rollout_trio.engines import ConnectionLimits
+
+    server = HoldServer()
+    server.release.set()
+
+    async def run() -> None:
+        limits = ConnectionLimits(max_keepalive_per_server=1, keepalive_expiry=4.0)
+        async with httpx.AsyncClient(transport=TrioTransport(limits=limits)) as client:
+            url = f"http://127.0.0.1:{server.port}/"
+            await client.get(url)
+            mock_clock.jump(3.9)
+            await client.get(url)  # still fresh: reused
+            assert server.connections == 1
+            mock_clock.jump(4.1)
+            await client.get(url)  # expired: closed, and a new connection made
+            assert server.connections == 2
+            while server.disconnects < 1:
+                await trio.sleep(0)
+            async with trio.open_nursery() as nursery:  # two at once: two connections, one kept
+                for _ in range(2):
+                    nursery.start_soon(client.get, url)
+            while server.disconnects < 2:
+                await trio.sleep(0)
+            assert server.connections == 3
+
+    with trio.fail_after(60):  # on the mock clock, which the test moves by 8 s
+        await with_server(server, run)
+
+
+def test_connection_limits_are_checked() -> None:
+    from rollout_trio.engines import ConnectionLimits
+
+    with pytest.raises(ValueError, match="max_connections_per_server"):
+        ConnectionLimits(max_connections_per_server=0)
+    with pytest.raises(ValueError, match="keepalive_expiry"):
+        ConnectionLimits(keepalive_expiry=0)
+    assert TrioTransport(limits=ConnectionLimits(max_connections=7)).max_connections == 7

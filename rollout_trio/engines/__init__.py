@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     from ._remote_http import RetryPolicy as RetryPolicy
     from ._replay import ReplayEngine as ReplayEngine
     from ._replay import ReplayMismatchError as ReplayMismatchError
+    from ._transport import ConnectionLimits as ConnectionLimits
     from ._transport import TrioTransport as TrioTransport
 
 __all__ = [
+    "ConnectionLimits",
     "InferenceEngine",
     "LocalEngine",
     "LocalEngineStatistics",
@@ -44,6 +46,7 @@ _LAZY = {
     "ReplayEngine": "._replay",
     "ReplayMismatchError": "._replay",
     "TrioTransport": "._transport",
+    "ConnectionLimits": "._transport",
 }
 
 

@@ -5,12 +5,14 @@ Errors from httpx and from the server's status codes become the
 
     httpx.TimeoutException, our per-attempt deadline  ->  EngineTimeoutError
     the transport's ResponseTooLarge                 ->  EngineProtocolError
+    the transport's LocalResourceError (EMFILE)      ->  EngineLocalError
     httpx.ConnectError, any other transport error     ->  EngineConnectError
     HTTP status >= 400                                ->  EngineServerError(status_code)
     a 2xx body that is not the expected JSON          ->  EngineProtocolError
 
 Retried (with exponential backoff and full jitter, bounded by the caller's deadline):
-connect errors, timeouts, 5xx and 429. Never retried: other 4xx and protocol errors.
+connect errors, local resource errors, timeouts, 5xx and 429. Never retried: other 4xx
+and protocol errors.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ import attrs
 import httpx
 import trio
 
-from .._errors import EngineConnectError, EngineError, EngineProtocolError, EngineServerError, EngineTimeoutError
+from .._errors import (
+    EngineConnectError,
+    EngineError,
+    EngineLocalError,
+    EngineProtocolError,
+    EngineServerError,
+    EngineTimeoutError,
+)
 from ._remote_wire import HttpCall
-from ._transport import ResponseTooLarge
+from ._transport import LocalResourceError, ResponseTooLarge, TrioTransport, frame_head
 
 __all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", "retrying"]
 
@@ -60,8 +69,8 @@ class RetryPolicy:
 
 
 def is_retriable(exc: BaseException) -> bool:
-    """Whether a failed attempt may be tried again: connect errors, timeouts, 5xx, 429."""
-    if isinstance(exc, (EngineConnectError, EngineTimeoutError)):
+    """Whether a failed attempt may be tried again: connect and local errors, timeouts, 5xx, 429."""
+    if isinstance(exc, (EngineConnectError, EngineLocalError, EngineTimeoutError)):
         return True
     if isinstance(exc, EngineServerError):
         return exc.status_code >= 500 or exc.status_code == 429
@@ -72,6 +81,8 @@ def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
     """The :class:`EngineError` for an httpx exception (chained by the caller)."""
     if isinstance(exc, ResponseTooLarge):  # retrying would read the same oversized answer
         return EngineProtocolError(f"{where}: {exc}")
+    if isinstance(exc, LocalResourceError):  # this machine's shortage: never the server's fault
+        return EngineLocalError(f"{where}: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return EngineTimeoutError(f"{where}: timed out ({type(exc).__name__}: {exc})")
     return EngineConnectError(f"{where}: {type(exc).__name__}: {exc or 'connection failed'}")
@@ -118,6 +129,10 @@ class HttpSession:
         # client): the transport reads connect/read/pool limits from this extension.
         self._extensions = {"timeout": client.timeout.as_dict()}
         self._targets: dict[tuple[str, str], tuple[httpx.URL, list[tuple[bytes, bytes]]]] = {}
+        # The direct path to a TrioTransport frames requests itself: per (base_url, method,
+        # path), the server and the checked head up to the body's own headers.
+        self._raw = transport if type(transport) is TrioTransport else None
+        self._heads: dict[tuple[str, str, str], tuple[tuple[str, int], bytes]] = {}
 
     def _request(self, base_url: str, call: HttpCall) -> httpx.Request:
         """``call`` as a fully built request (body read, every header explicit).
@@ -165,36 +180,76 @@ class HttpSession:
             EngineTimeoutError, EngineConnectError, EngineServerError, EngineProtocolError:
                 see the module docstring. The httpx exception is the ``__cause__``.
         """
-        response: httpx.Response | None = None
+        response: httpx.Response | tuple[int, bytes] | None = None
         with trio.move_on_after(timeout) as scope:
             try:
-                request = self._request(base_url, call)
-                if not direct:
-                    response = await self.client.send(request)
-                else:  # what client.send does that matters here: send, and read the body whole
-                    response = await self.transport.handle_async_request(request)
-                    try:
-                        response.content  # noqa: B018 - read already (TrioTransport, MockTransport)?
-                    except httpx.ResponseNotRead:
+                if direct and self._raw is not None and call.params is None:
+                    response = await self._exchange(self._raw, base_url, call)
+                else:
+                    request = self._request(base_url, call)
+                    if not direct:
+                        response = await self.client.send(request)
+                    else:  # what client.send does that matters here: send, and read the body whole
+                        response = await self.transport.handle_async_request(request)
                         try:
-                            await response.aread()  # a streaming transport: read it (that closes it)
-                        except BaseException:
-                            await response.aclose()
-                            raise
+                            response.content  # noqa: B018 - read already (TrioTransport, MockTransport)?
+                        except httpx.ResponseNotRead:
+                            try:
+                                await response.aread()  # a streaming transport: read it (that closes it)
+                            except BaseException:
+                                await response.aclose()
+                                raise
             except httpx.HTTPError as exc:
                 raise map_transport_error(exc, _where(base_url, call)) from exc
         if response is None or scope.cancelled_caught:
             raise EngineTimeoutError(f"{_where(base_url, call)}: no complete answer within {timeout:.3g} s")
-        if response.status_code >= 400:
-            raise _status_error(response, _where(base_url, call))
+        if type(response) is tuple:
+            status, content = response
+        else:
+            assert isinstance(response, httpx.Response)
+            status, content = response.status_code, response.content
+            if status >= 400:
+                raise _status_error(response, _where(base_url, call))
         if not expect_json:
             return None
         try:
-            return _decode_json(response.content.decode())  # UnicodeDecodeError is a ValueError
+            return _decode_json(content.decode())  # UnicodeDecodeError is a ValueError
         except ValueError as exc:
             raise EngineProtocolError(
-                f"{_where(base_url, call)}: HTTP {response.status_code} body is not JSON: {response.content[:200]!r}"
+                f"{_where(base_url, call)}: HTTP {status} body is not JSON: {content[:200]!r}"
             ) from exc
+
+    async def _exchange(
+        self, transport: TrioTransport, base_url: str, call: HttpCall
+    ) -> httpx.Response | tuple[int, bytes]:
+        """``call`` framed here and sent through ``transport.exchange``: no httpx objects on the hot path.
+
+        The same bytes ``_request`` + the transport would send. A plain 2xx-3xx answer
+        comes back as ``(status, body)``; an error status or an encoded body as a read
+        ``httpx.Response`` (decoded as on the other path).
+        """
+        key = (base_url, call.method, call.path)
+        target = self._heads.get(key)
+        if target is None:
+            url, fixed = self._request(base_url, HttpCall(call.method, call.path)).url, self._fixed(base_url, call.path)
+            head = b"\r\n".join(frame_head(call.method, url.raw_path, fixed)) + b"\r\n"
+            target = self._heads[key] = ((url.host, url.port or 80), head)
+        origin, head = target
+        if call.json is None:
+            tail = b"content-length: 0\r\n\r\n" if call.method in _BODY_METHODS else b"\r\n"
+            data = head + tail
+        else:
+            content = _encode_json(call.json).encode()
+            data = b"%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (head, len(content), content)
+        answer = await transport.exchange(origin, data, self._extensions["timeout"])
+        if answer.status < 400 and not any(name.lower() == b"content-encoding" for name, _ in answer.headers):
+            return answer.status, answer.content
+        response = httpx.Response(answer.status, headers=answer.headers, stream=httpx.ByteStream(answer.content))
+        response.read()  # a ByteStream: decodes Content-Encoding, no I/O
+        return response
+
+    def _fixed(self, base_url: str, path: str) -> list[tuple[bytes, bytes]]:
+        return self._targets[(base_url, path)][1]
 
 
 def _where(base_url: str, call: HttpCall) -> str:
