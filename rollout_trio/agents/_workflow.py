@@ -15,7 +15,7 @@ import subprocess
 import sys
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 import trio
@@ -24,7 +24,7 @@ from .. import workflow_context
 from .._config import GenerationConfig
 from .._errors import RolloutError
 from .._interaction import Interaction
-from .._workflow import RolloutWorkflow
+from .._workflow import RolloutWorkflow, register_agent_wrapper
 from ._endpoint import OpenAIEndpoint
 from ._server import serve_app
 from ._session import EXPORT_STYLES, AgentSession, ExportStyle, assign_rewards
@@ -125,7 +125,10 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         """The endpoint serving ``engine`` (one per engine, built on first use)."""
         ep = self._endpoints.get(engine)
         if ep is None:
-            ep = OpenAIEndpoint(engine, self.tokenizer, gconfig=self.gconfig, **self._endpoint_kwargs)
+            # The cached endpoint holds its engine weakly: a strong reference from a
+            # WeakKeyDictionary's value would keep every engine ever used alive.
+            weak = cast("InferenceEngine", weakref.proxy(engine))
+            ep = OpenAIEndpoint(weak, self.tokenizer, gconfig=self.gconfig, **self._endpoint_kwargs)
             self._endpoints[engine] = ep
         return ep
 
@@ -188,3 +191,6 @@ def _subproc_result(done: subprocess.CompletedProcess[bytes]) -> Any:
         exc.add_note(f"raised in the agent process:\n{text}")
         raise exc
     raise AgentProcessError(f"the agent process failed:\n{text}")
+
+
+register_agent_wrapper(AgentRolloutWorkflow)
