@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from .._config import GenerationConfig
-from .._errors import EngineError, RolloutError, UnsupportedRequestError, WorkflowContractError
+from .._errors import EngineError, UnsupportedRequestError, WorkflowContractError
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
 from ._schema import (
