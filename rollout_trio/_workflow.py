@@ -105,14 +105,26 @@ def _is_async_callable(obj: Any, name: str) -> bool:
     return inspect.iscoroutinefunction(getattr(obj, name, None))
 
 
-def _agent_workflow(agent: Any, kwargs: Mapping[str, Any] | None, instance_note: str) -> RolloutWorkflow:
-    from .agents import AgentRolloutWorkflow  # agents build on this module, so import late
+#: Wraps an agent (an object with ``async run()``) as a workflow. The agents layer builds
+#: on this module, so it registers itself here (when ``rollout_trio`` is imported) instead
+#: of this module importing it.
+_agent_wrapper: Callable[[Any], RolloutWorkflow] | None = None
 
+
+def register_agent_wrapper(wrapper: Callable[[Any], RolloutWorkflow]) -> None:
+    """Make :func:`resolve_workflow` wrap agents with ``wrapper`` (done by ``rollout_trio.agents``)."""
+    global _agent_wrapper
+    _agent_wrapper = wrapper
+
+
+def _agent_workflow(agent: Any, kwargs: Mapping[str, Any] | None, instance_note: str) -> RolloutWorkflow:
+    if _agent_wrapper is None:
+        raise TypeError("an agent (an object with async run()) needs rollout_trio.agents; import it first")
     if inspect.isclass(agent):
         agent = agent(**(kwargs or {}))
     elif kwargs is not None:
         logger.warning("workflow_kwargs is ignored when workflow %s", instance_note)
-    return AgentRolloutWorkflow(agent)
+    return _agent_wrapper(agent)
 
 
 def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = None) -> RolloutWorkflow:

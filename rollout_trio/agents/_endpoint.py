@@ -1,38 +1,34 @@
 """``OpenAIEndpoint``: an OpenAI-compatible chat-completions app backed by an InferenceEngine.
 
-The app is plain ASGI (Starlette). In-process callers reach it through
-``httpx.ASGITransport`` (no socket); agents in other processes reach the same app
-served by Hypercorn's Trio worker on loopback (:meth:`OpenAIEndpoint.serve`).
+The app is the package's one HTTP layer (:class:`~rollout_trio._http.HTTPApp`: limits,
+bodies, disconnects), the same as ``rollout-trio serve``'s. In-process callers reach it
+through ``httpx.ASGITransport`` (no socket); agents in other processes reach the same app
+served by Hypercorn's Trio worker on loopback (:func:`~rollout_trio.agents.serve_app`).
 Every completion is recorded as an :class:`~rollout_trio.Interaction` in the session
 whose key the request carries as its api key.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import httpx
 import trio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from .._config import GenerationConfig
-from .._errors import WorkflowContractError
+from .._errors import UnsupportedRequestError, WorkflowContractError
+from .._http import HTTPApp, HTTPError, Request, Response, ServerLimits, json_bytes
 from .._interaction import Interaction
 from .._io import ModelRequest, ModelResponse
 from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
-from ._template import ChatTemplate, parse_tool_calls
+from ._template import ChatTemplate, parse_tool_calls, prompt_chars
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
@@ -44,12 +40,10 @@ logger = logging.getLogger("rollout_trio.agents")
 _FINISH = {"stop": "stop", "length": "length", "abort": "length", "tool_calls": "tool_calls"}
 
 _CHAT_PATH = "/v1/chat/completions"
-#: Distinct (max_tokens, temperature, top_p) settings whose GenerationConfig is kept.
+#: Distinct (max_tokens, temperature, top_p, stop) settings whose GenerationConfig is kept.
 _GCONFIG_CACHE = 256
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+#: Completions with at most this many tokens are cut at a stop string on the event loop.
+_INLINE_STOP_TOKENS = 256
 
 
 class OpenAIEndpoint:
@@ -59,13 +53,16 @@ class OpenAIEndpoint:
         engine: any :class:`~rollout_trio.engines.InferenceEngine`.
         tokenizer: the engine's tokenizer (chat template, decoding); defaults to
             ``engine.tokenizer`` when the engine has one.
-        gconfig: base sampling settings; a request's ``temperature``, ``top_p`` and
-            ``max_tokens`` override them. The tokenizer's eos and pad ids are stop ids.
+        gconfig: base sampling settings; a request's ``temperature``, ``top_p``,
+            ``max_tokens`` and ``stop`` override them. The tokenizer's eos and pad ids
+            are stop ids.
         model_name: the model id reported by ``/v1/models`` and in completions.
         max_tokens_limit: the largest ``max_tokens`` a request may ask for (400 above).
         default_max_tokens: the budget of a request that sets no ``max_tokens``.
         max_body_bytes: request bodies above this size get a 413.
         body_timeout: seconds to receive a request body; a slower client gets a 408.
+        max_prompt_chars: the most characters a conversation (messages and tools) may
+            hold; a longer one is refused (400) before it is tokenized.
 
     Every route but ``/health`` needs ``Authorization: Bearer <session key>`` from
     :meth:`session`.
@@ -82,6 +79,7 @@ class OpenAIEndpoint:
         default_max_tokens: int = 1024,
         max_body_bytes: int = 8 * 1024 * 1024,
         body_timeout: float = 60.0,
+        max_prompt_chars: int = 1024 * 1024,
     ) -> None:
         tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         if tokenizer is None:
@@ -92,6 +90,8 @@ class OpenAIEndpoint:
             raise ValueError(f"max_body_bytes: must be > 0, got {max_body_bytes}")
         if not body_timeout > 0:
             raise ValueError(f"body_timeout: must be > 0 seconds, got {body_timeout}")
+        if max_prompt_chars <= 0:
+            raise ValueError(f"max_prompt_chars: must be > 0, got {max_prompt_chars}")
         self.engine = engine
         self.tokenizer = tokenizer
         self.template = ChatTemplate(tokenizer)
@@ -101,34 +101,31 @@ class OpenAIEndpoint:
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.max_prompt_chars = max_prompt_chars
+        self.engine_takes_stop_strings = True  # until the engine refuses them once
         self._sessions: dict[str, AgentSession] = {}
-        self._gconfigs: dict[tuple[int, float | None, float | None], GenerationConfig] = {}
+        self._gconfigs: dict[tuple[int, float | None, float | None, tuple[str, ...]], GenerationConfig] = {}
         self._token_texts: dict[int, str] = {}  # token id -> its text in logprobs (bounded by the vocabulary)
-        self.app = Starlette(
-            routes=[
-                Route("/health", self._health, methods=["GET"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                # The hot route is plain ASGI (no Request/Response objects per completion).
-                Route("/v1/chat/completions", _ASGIRoute(self._chat_completions), methods=["POST"]),
-            ],
-            exception_handlers={HTTPException: self._http_error},
-        )
+        limits = ServerLimits(max_body_bytes=max_body_bytes, read_deadline=body_timeout, max_header_bytes=64 * 1024)
+        self.app = self._app(limits, in_caller=False)
+        self._in_process_app = self._app(limits, in_caller=True)
+
+    def _app(self, limits: ServerLimits, *, in_caller: bool) -> HTTPApp:
+        async def chat(request: Request) -> Response:
+            return await self._chat_completions(request, in_caller=in_caller)
+
+        routes = {("GET", "/health"): self._health, ("GET", "/v1/models"): self._models, ("POST", _CHAT_PATH): chat}
+        return HTTPApp(routes, limits=limits, error_body=_error_body)
 
     def in_process_transport(self) -> httpx.ASGITransport:
         """An ``httpx`` transport to :attr:`app` for callers in this Trio run (no socket).
 
         ``httpx.ASGITransport`` runs the app in the calling task, so a cancelled caller
-        cancels its generation directly: chat completions through this transport go
-        straight to their handler and skip the client-disconnect watcher a served app
-        needs. ``ASGITransport(app=endpoint.app)`` works too, only slower.
+        cancels its generation directly: chat completions through this transport skip
+        the client-disconnect watcher a served app needs. ``ASGITransport(app=endpoint.app)``
+        works too, only slower.
         """
         return httpx.ASGITransport(app=self._in_process_app)
-
-    async def _in_process_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == _CHAT_PATH and not scope.get("root_path"):
-            await self._chat_completions(scope, receive, send, in_caller=True)
-        else:
-            await self.app(scope, receive, send)
 
     # ---------------------------------------------------------------- sessions
 
@@ -162,69 +159,49 @@ class OpenAIEndpoint:
 
     # ---------------------------------------------------------------- routes
 
-    async def _health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+    async def _health(self, request: Request) -> Response:
+        return Response(200, b'{"status":"ok"}')
 
-    async def _models(self, request: Request) -> JSONResponse:
+    async def _models(self, request: Request) -> Response:
         try:
-            self._authorize(request.headers.get("authorization", ""))
+            self._authorize(request.header("authorization") or "")
         except APIError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]}
-        )
+            return Response(exc.status, json_bytes(exc.body()))
+        data = [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]
+        return Response(200, json_bytes({"object": "list", "data": data}))
 
-    async def _read_json(self, declared: str | None, receive: Receive) -> Any:
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise APIError(413, f"body: {declared} bytes is over the limit of {self.max_body_bytes} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        with trio.move_on_after(self.body_timeout) as deadline:
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":  # http.disconnect: nobody to answer
-                    raise APIError(400, "body: the client disconnected before sending all of it")
-                chunk = message.get("body", b"")
-                more = message.get("more_body", False)
-                size += len(chunk)
-                if size > self.max_body_bytes:
-                    raise APIError(413, f"body: over the limit of {self.max_body_bytes} bytes")
-                chunks.append(chunk)
-        if deadline.cancelled_caught:
-            raise APIError(408, f"body: not received within body_timeout={self.body_timeout} s")
+    async def _chat_completions(self, request: Request, *, in_caller: bool) -> Response:
         try:
-            return json.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"body: not valid JSON ({exc})") from None
-
-    async def _chat_completions(self, scope: Scope, receive: Receive, send: Send, *, in_caller: bool = False) -> None:
-        body: bytes | dict[str, Any]
-        try:
-            status, body = 200, await self._complete(scope, receive, in_caller)
+            return Response(200, await self._complete(request, in_caller))
         except APIError as exc:
-            status, body = exc.status, exc.body()
+            return Response(exc.status, json_bytes(exc.body()))
+        except HTTPError:
+            raise
         except Exception as exc:  # an engine failure: a 500 body, never a dropped connection
             logger.error("chat completion failed", exc_info=exc)
-            status, body = 500, APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").body()
-        await _send_json(send, status, body)
+            return Response(500, json_bytes(APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").body()))
 
-    async def _complete(self, scope: Scope, receive: Receive, in_caller: bool) -> bytes:
-        authorization = ""
-        declared = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"content-length":
-                declared = value.decode("latin-1")
-        session = self._authorize(authorization)
-        req = parse_request(await self._read_json(declared, receive), max_tokens_limit=self.max_tokens_limit)
+    def _parse(self, body: Any) -> ChatCompletionRequest:
+        req = parse_request(body, max_tokens_limit=self.max_tokens_limit)
+        size = prompt_chars(req.messages, _offered_tools(req))
+        if size > self.max_prompt_chars:
+            raise APIError(
+                400,
+                f"messages: the conversation holds {size} characters, over max_prompt_chars={self.max_prompt_chars}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return req
+
+    async def _complete(self, request: Request, in_caller: bool) -> bytes:
+        session = self._authorize(request.header("authorization") or "")
+        req: ChatCompletionRequest = await request.json(self._parse)
         prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
         rid = uuid.uuid4().hex
         mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer)
-        resp = await self._generate(session, receive, mreq, in_caller)
+        resp = await self._generate(session, request, mreq, in_caller)
         created = int(time.time())
-        message, finish, tokens = self._output_message(req, resp)
+        message, finish, tokens = await self._output_message(req, resp)
         completion_id = f"chatcmpl-{rid}"
         messages = [m.as_openai_dict() for m in req.messages]
         session.record(
@@ -241,7 +218,7 @@ class OpenAIEndpoint:
         if req.logprobs:
             choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
         # Encoded here, so a body JSON cannot hold (a NaN logprob) is a 500 like any failure.
-        return _json_bytes(
+        return json_bytes(
             {
                 "id": completion_id,
                 "object": "chat.completion",
@@ -261,7 +238,8 @@ class OpenAIEndpoint:
     def _gconfig(self, req: ChatCompletionRequest) -> GenerationConfig:
         """The request's sampling settings over the base ones (built once per combination)."""
         max_new_tokens = req.max_completion_tokens or req.max_tokens or self.default_max_tokens
-        key = (max_new_tokens, req.temperature, req.top_p)
+        stop = req.stop if self.engine_takes_stop_strings else ()
+        key = (max_new_tokens, req.temperature, req.top_p, stop)
         gconfig = self._gconfigs.get(key)
         if gconfig is None:
             changes: dict[str, Any] = {"n_samples": 1, "max_new_tokens": max_new_tokens}
@@ -270,38 +248,40 @@ class OpenAIEndpoint:
                 changes["greedy"] = req.temperature == 0
             if req.top_p is not None:
                 changes["top_p"] = req.top_p
+            if stop:  # the engine stops there; the text is cut here as well (see _output_message)
+                changes["stop"] = list(stop)
             gconfig = self.gconfig.new(**changes)
             if len(self._gconfigs) >= _GCONFIG_CACHE:
                 self._gconfigs.clear()
             self._gconfigs[key] = gconfig
         return gconfig
 
-    async def _generate(self, session: AgentSession, receive: Receive, mreq: ModelRequest, in_caller: bool) -> ModelResponse:
+    async def _generate(self, session: AgentSession, request: Request, mreq: ModelRequest, in_caller: bool) -> ModelResponse:
         """Run the engine call; a client disconnect or the session's end cancels (aborts) it."""
+        error: Exception | None = None
         resp: ModelResponse | None = None
 
-        async def watch_disconnect(cancel: trio.CancelScope) -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            cancel.cancel()
-
-        error: Exception | None = None
-        with session.generation_scope():
-            if in_caller:
-                # Running in the caller's task: its cancellation (the in-process
-                # "disconnect") reaches the engine call directly, no watcher needed.
+        async def generate() -> ModelResponse | None:
+            nonlocal error, mreq
+            try:
                 try:
-                    resp = await self.engine.agenerate(mreq)
-                except Exception as exc:
-                    error = exc
-            else:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-                    try:
-                        resp = await self.engine.agenerate(mreq)
-                    except Exception as exc:  # re-raised below, outside the nursery's exception group
-                        error = exc
-                    nursery.cancel_scope.cancel()
+                    return await self.engine.agenerate(mreq)
+                except UnsupportedRequestError as exc:
+                    if not mreq.gconfig.stop or "stop" not in str(exc):
+                        raise
+                    # An engine without stop strings (LocalEngine): generate, then cut here.
+                    logger.info("the engine takes no stop strings (%s); they are applied to the text only", exc)
+                    self.engine_takes_stop_strings = False
+                    mreq = attrs.evolve(mreq, gconfig=mreq.gconfig.new(stop=None))
+                    return await self.engine.agenerate(mreq)
+            except Exception as exc:  # re-raised below, outside any nursery's exception group
+                error = exc
+                return None
+
+        with session.generation_scope():
+            # In the caller's task its cancellation (the in-process "disconnect") reaches
+            # the engine call directly; a served request watches for the disconnect.
+            resp = await generate() if in_caller else await request.unless_disconnected(generate)
         if isinstance(error, ValueError) and not isinstance(error, WorkflowContractError):
             # UnsupportedRequestError included: a setting or prompt the engine cannot honour.
             raise APIError(400, f"the engine refused the request: {error}") from None
@@ -311,15 +291,16 @@ class OpenAIEndpoint:
             raise APIError(409, "the episode's session ended or the client went away before the completion finished", code="cancelled")
         return resp
 
-    def _output_message(self, req: ChatCompletionRequest, resp: ModelResponse) -> tuple[dict[str, Any], str, tuple[int, ...]]:
+    async def _output_message(self, req: ChatCompletionRequest, resp: ModelResponse) -> tuple[dict[str, Any], str, tuple[int, ...]]:
         tokens = resp.output_tokens
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         finish = _FINISH[resp.stop_reason]
-        if req.stop:
-            cut = _stop_cut(self.tokenizer, tokens, text, req.stop)
-            if cut is not None:
-                tokens, text = cut
-                finish = "stop"
+        if len(tokens) <= _INLINE_STOP_TOKENS:
+            text, cut = _decode_and_cut(self.tokenizer, tokens, req.stop)
+        else:
+            text, cut = await trio.to_thread.run_sync(_decode_and_cut, self.tokenizer, tokens, req.stop)
+        if cut is not None:
+            tokens, text = cut
+            finish = "stop"
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if _offered_tools(req):
             content, calls = parse_tool_calls(text)
@@ -334,34 +315,8 @@ class OpenAIEndpoint:
             text = self._token_texts[token] = self.tokenizer.decode([token])
         return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
 
-    # ---------------------------------------------------------------- error bodies
-
-    async def _http_error(self, request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, HTTPException)
-        err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-        return JSONResponse(err.body(), status_code=exc.status_code)
-
-
-class _ASGIRoute:
-    """A plain ASGI callable, so Starlette's ``Route`` calls it as is (not as a request handler)."""
-
-    def __init__(self, handler: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(scope, receive, send)
-
-
-def _json_bytes(body: Any) -> bytes:
-    """JSON as Starlette's ``JSONResponse`` renders it (compact, UTF-8, no NaN)."""
-    return json.dumps(body, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode("utf-8")
-
-
-async def _send_json(send: Send, status: int, body: bytes | dict[str, Any]) -> None:
-    data = body if isinstance(body, bytes) else _json_bytes(body)
-    headers = [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
+def _error_body(status: int, message: str) -> bytes:
+    return json_bytes(APIError(status, message).body())
 
 
 def _offered_tools(req: ChatCompletionRequest) -> tuple[Tool, ...]:
@@ -369,17 +324,33 @@ def _offered_tools(req: ChatCompletionRequest) -> tuple[Tool, ...]:
     return () if req.tool_choice == "none" else req.tools
 
 
-def _stop_cut(tokenizer: Any, tokens: tuple[int, ...], text: str, stops: tuple[str, ...]) -> tuple[tuple[int, ...], str] | None:
-    """Cut at the first stop string: the tokens up to the one completing it, the text before it."""
+def _decode_and_cut(
+    tokenizer: Any, tokens: tuple[int, ...], stops: tuple[str, ...]
+) -> tuple[str, tuple[tuple[int, ...], str] | None]:
+    """The text of ``tokens``, and the cut at the first stop string if one occurs.
+
+    The cut keeps the tokens up to the one completing the stop string and the text before
+    it. That token is found by bisection (a decoded prefix contains a stop string from
+    some length on): O(log n) decodes, not one per prefix.
+    """
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     if not hits:
-        return None
+        return text, None
     at = min(hits)
-    for k in range(1, len(tokens) + 1):
+
+    def has_stop(k: int) -> bool:
         partial = tokenizer.decode(tokens[:k], skip_special_tokens=True)
-        if any(s in partial for s in stops):
-            return tokens[:k], text[:at]
-    return tokens, text[:at]
+        return any(s in partial for s in stops)
+
+    lo, hi = 1, len(tokens)  # has_stop(hi) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if has_stop(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return text, (tokens[:hi], text[:at])
 
 
 def _truncate(resp: ModelResponse, n: int) -> ModelResponse:

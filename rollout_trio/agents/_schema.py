@@ -9,12 +9,14 @@ Unknown keys are ignored, as OpenAI-compatible servers do (clients send ``user``
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from .._http import check_text, strict_converter
+from .._http._convert import finite_float, strict_bool, strict_int, strict_str
 
 __all__ = ["APIError", "ChatCompletionRequest", "ChatMessage", "FunctionCall", "Tool", "ToolCall", "parse_request"]
 
@@ -157,14 +159,14 @@ class ChatCompletionRequest:
 
 def _content(value: Any, _: Any) -> str | None:
     if value is None or isinstance(value, str):
-        return value
+        return value if value is None else check_text(value)
     if isinstance(value, list):
         texts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(f"content[{i}]: only text parts {{'type': 'text', 'text': str}} are supported")
             texts.append(part["text"])
-        return "".join(texts)
+        return check_text("".join(texts))
     raise ValueError(f"must be a string, a list of text parts or null, got {type(value).__name__}")
 
 
@@ -172,39 +174,26 @@ def _stop(value: Any, _: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,)
+        return (check_text(value),) if value else ()
     if isinstance(value, list) and all(isinstance(s, str) for s in value) and len(value) <= 4:
-        return tuple(s for s in value if s)
+        return tuple(check_text(s) for s in value if s)
     raise ValueError("must be a string or a list of at most 4 strings")
 
 
-def _strict(kind: type, what: str) -> Any:
-    def hook(value: Any, _: Any) -> Any:
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        elif kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, kind)
-        if not ok:
-            raise ValueError(f"must be {what}, got {value!r}")
-        return kind(value) if kind is float else value
-
-    return hook
+def _optional(hook: Any) -> Any:
+    return lambda value, _: None if value is None else hook(value)
 
 
 def _make_converter() -> cattrs.Converter:
-    c = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     # JSON values are taken as they are: no silent coercion of "1" to 1 or 1.5 to 1.
-    c.register_structure_hook(str, _strict(str, "a string"))
-    c.register_structure_hook(int, _strict(int, "an integer"))
-    c.register_structure_hook(float, _strict(float, "a number"))
-    c.register_structure_hook(bool, _strict(bool, "a boolean"))
-    c.register_structure_hook(str | None, lambda v, _: None if v is None else _strict(str, "a string")(v, None))
-    c.register_structure_hook(int | None, lambda v, _: None if v is None else _strict(int, "an integer")(v, None))
-    c.register_structure_hook(float | None, lambda v, _: None if v is None else _strict(float, "a number")(v, None))
-    c.register_structure_hook(dict[str, Any] | None, lambda v, _: None if v is None else _strict(dict, "an object")(v, None))
-    c.register_structure_hook(str | dict[str, Any] | None, lambda v, _: v if v is None or isinstance(v, (str, dict)) else _strict(str, "a string or an object")(v, None))
+    c = strict_converter()
+    c.register_structure_hook(float, finite_float)
+    c.register_structure_hook(str | None, _optional(strict_str))
+    c.register_structure_hook(int | None, _optional(strict_int))
+    c.register_structure_hook(float | None, _optional(finite_float))
+    c.register_structure_hook(bool | None, _optional(strict_bool))
+    c.register_structure_hook(dict[str, Any] | None, _optional(_object))
+    c.register_structure_hook(str | dict[str, Any] | None, _optional(_text_or_object))
 
     def role(value: Any, _: Any) -> str:
         if value not in ROLES:
@@ -226,6 +215,20 @@ def _make_converter() -> cattrs.Converter:
 
 def _raise(message: str) -> Any:
     raise ValueError(message)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _text_or_object(value: Any) -> str | dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        return check_text(value)
+    raise ValueError(f"must be a string or an object, got {type(value).__name__}")
 
 
 _converter = _make_converter()

@@ -18,7 +18,7 @@ import trio
 
 from ._schema import ChatMessage, Tool
 
-__all__ = ["ChatTemplate", "parse_tool_calls"]
+__all__ = ["ChatTemplate", "parse_tool_calls", "prompt_chars"]
 
 #: Conversations with at most this many characters are templated on the event loop: a
 #: thread hop costs more than rendering them (DESIGN decision 4 sends *long* inputs to threads).
@@ -77,9 +77,7 @@ class ChatTemplate:
 
     async def aprompt_ids(self, messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> list[int]:
         """:meth:`prompt_ids` on the event loop for short conversations, in a thread for long ones."""
-        size = sum(len(m.content or "") + sum(len(c.function.arguments) for c in m.tool_calls) for m in messages)
-        size += sum(len(str(t.function.parameters or "")) + len(t.function.description or "") for t in tools)
-        if size > INLINE_CHARS:
+        if prompt_chars(messages, tools) > INLINE_CHARS:
             return await trio.to_thread.run_sync(self.prompt_ids, messages, tools)
         await trio.lowlevel.checkpoint()
         return self.prompt_ids(messages, tools)
@@ -97,6 +95,12 @@ class ChatTemplate:
             **kwargs,
         )
         return list(ids)
+
+
+def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> int:
+    """About how many characters the template renders (what tokenizing costs grows with)."""
+    size = sum(len(m.content or "") + sum(len(c.function.arguments) for c in m.tool_calls) for m in messages)
+    return size + sum(len(str(t.function.parameters or "")) + len(t.function.description or "") for t in tools)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

@@ -11,7 +11,7 @@ import inspect
 import logging
 import pickle
 import weakref
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 import trio
@@ -22,7 +22,7 @@ from .._errors import RolloutError
 from .._interaction import Interaction
 from .._isolation import IsolatedWorkers, WorkerDied, unpickle_reply
 from .._isolation_worker import run_agent
-from .._workflow import RolloutWorkflow
+from .._workflow import RolloutWorkflow, register_agent_wrapper
 from ._endpoint import OpenAIEndpoint
 from ._server import serve_app
 from ._session import EXPORT_STYLES, AgentSession, ExportStyle, assign_rewards
@@ -126,7 +126,10 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         """The endpoint serving ``engine`` (one per engine, built on first use)."""
         ep = self._endpoints.get(engine)
         if ep is None:
-            ep = OpenAIEndpoint(engine, self.tokenizer, gconfig=self.gconfig, **self._endpoint_kwargs)
+            # The cached endpoint holds its engine weakly: a strong reference from a
+            # WeakKeyDictionary's value would keep every engine ever used alive.
+            weak = cast("InferenceEngine", weakref.proxy(engine))
+            ep = OpenAIEndpoint(weak, self.tokenizer, gconfig=self.gconfig, **self._endpoint_kwargs)
             self._endpoints[engine] = ep
         return ep
 
@@ -184,3 +187,6 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             return unpickle_reply(*reply, "agent process")
         except WorkerDied as exc:
             raise AgentProcessError(str(exc)) from None
+
+
+register_agent_wrapper(AgentRolloutWorkflow)

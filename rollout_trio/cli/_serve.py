@@ -88,13 +88,18 @@ def _parser() -> Parser:
     p.add_argument("--max-batch-size", type=positive_int, default=256, help="requests per forward pass")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
-        "--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, help="largest request body (default: 16 MiB)"
+        "--max-body-bytes", type=positive_int, default=4 * 1024 * 1024, help="largest request body (default: 4 MiB)"
     )
     p.add_argument("--read-deadline", type=positive_float, default=60.0, help="seconds to receive a request body")
     p.add_argument(
         "--keep-alive-timeout", type=positive_float, default=75.0, help="seconds an idle connection stays open"
     )
-    p.add_argument("--max-connections", type=positive_int, default=1024, help="open connections at once")
+    p.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        help="open connections the server must hold (default: what the open-file limit allows; 503 beyond it)",
+    )
     p.add_argument(
         "--graceful-timeout",
         type=positive_float,

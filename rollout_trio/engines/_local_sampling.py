@@ -6,6 +6,12 @@ tokens may be drawn but do not renormalise the reported value. Greedy rows (``gr
 ``T == 0``) take the argmax and report ``log_softmax(logits)`` (``T = 1``). Rows still under
 their ``min_new_tokens`` have their stop tokens masked out first, so the reported value is
 of the distribution actually drawn from.
+
+Rows share one batched step, so no row's settings may make that step fail for the others:
+a temperature under ``MIN_TEMPERATURE`` samples greedily (SGLang's rule; float32 logits
+divided by less overflow), one over ``MAX_TEMPERATURE`` is clamped to it (the
+distribution is uniform long before), and top-p always keeps the most likely token (a
+``top_p`` such as 1e-300 rounds to 0 in float32 and would otherwise drop every token).
 """
 
 from __future__ import annotations
@@ -15,7 +21,15 @@ from collections.abc import Collection, Sequence
 import attrs
 import torch
 
-__all__ = ["RowSampling", "sample_rows"]
+__all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "RowSampling", "sample_rows"]
+
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 1e4
+
+
+def _temperature(t: float) -> float:
+    """The temperature a row samples with (0: greedy), safe for the shared float32 step."""
+    return 0.0 if not t >= MIN_TEMPERATURE else min(t, MAX_TEMPERATURE)
 
 
 @attrs.frozen
@@ -54,14 +68,13 @@ def sample_rows(
         for i, ids in enumerate(masked):
             if ids:
                 logits[i, list(ids)] = float("-inf")
-    temps = torch.tensor(
-        [r.temperature if r.temperature > 0 else 1.0 for r in rows], dtype=logits.dtype, device=logits.device
-    )
+    row_temps = [_temperature(r.temperature) for r in rows]
+    temps = torch.tensor([t if t > 0 else 1.0 for t in row_temps], dtype=logits.dtype, device=logits.device)
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
     tokens = logp.argmax(dim=-1)
     plain: list[int] = []  # sampled rows with no filter and no own generator: one batched draw
     for i, r in enumerate(rows):
-        if r.temperature <= 0:
+        if row_temps[i] <= 0:
             continue
         if r.top_k is None and r.top_p >= 1.0 and r.generator is None:
             plain.append(i)
@@ -86,6 +99,7 @@ def _filtered_probs(logp: torch.Tensor, top_k: int | None, top_p: float) -> torc
         sorted_p, order = torch.sort(probs, descending=True)
         # Drop a token when the mass before it already reaches top_p (the first one is always kept).
         drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= top_p
+        drop[..., 0] = False  # even when top_p rounds to 0 in the logits' dtype
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     return probs

@@ -5,9 +5,9 @@ Hypercorn; tests and ``RemoteEngine`` talk to it exactly as they would to an SGL
 server, over a socket or in process through ``httpx.ASGITransport(sglang_asgi(app))``.
 """
 
-from ._asgi import ServerLimits as ServerLimits
+from .._http import ServerLimits as ServerLimits
+from .._http import serve_app as serve_app
 from ._asgi import sglang_asgi as sglang_asgi
-from ._hypercorn import serve_app as serve_app
 from ._schema import BadRequest as BadRequest
 from ._sglang_app import Reply as Reply
 from ._sglang_app import SGLangApp as SGLangApp

@@ -18,7 +18,8 @@ from cattrs.v import transform_error
 
 from .._config import GenerationConfig
 from .._errors import WorkflowContractError
-from .._validate import int_list, is_int, rule
+from .._http import TypeRule, strict_converter
+from .._validate import int_list, is_int, only_type, rule
 
 __all__ = [
     "AbortBody",
@@ -40,12 +41,19 @@ class BadRequest(Exception):
     """A request the server refuses with HTTP 400; the message names the field and rule."""
 
 
-class _TypeRule(Exception):
-    """A JSON value of the wrong type (a strict scalar hook refused it)."""
+#: Client strings the server keeps (request ids, in /stats and its counters) or echoes in
+#: every answer (version labels) are bounded: a client must not grow the server's memory.
+MAX_RID_CHARS = 256
+MAX_LABEL_CHARS = 128
+MAX_PATH_CHARS = 4096
 
 
-def _non_empty_str(text: str) -> Any:
-    return rule(text, lambda v: isinstance(v, str) and bool(v))
+def _non_empty_str(text: str, most: int) -> Any:
+    return rule(f"{text} of at most {most} characters", lambda v: isinstance(v, str) and 0 < len(v) <= most)
+
+
+def _optional_str(most: int) -> Any:
+    return rule(f"null or a string of at most {most} characters", lambda v: v is None or len(v) <= most)
 
 
 def _ids(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -112,7 +120,7 @@ class GenerateBody:
     input_ids: list[int] = attrs.field(
         validator=[rule("a non-empty list of token ids", lambda v: len(v) > 0), _rules["stop_token_ids"]]
     )
-    rid: str | None = None
+    rid: str | None = attrs.field(default=None, validator=_optional_str(MAX_RID_CHARS))
     sampling_params: SamplingParams = attrs.field(factory=SamplingParams)
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -123,7 +131,7 @@ class GenerateBody:
 class AbortBody:
     """``POST /abort_request``: one ``rid``, or ``abort_all``."""
 
-    rid: str | None = None
+    rid: str | None = attrs.field(default=None, validator=_optional_str(MAX_RID_CHARS))
     abort_all: bool = False
 
     def __attrs_post_init__(self) -> None:
@@ -142,10 +150,10 @@ class PauseBody:
 class UpdateFromDiskBody:
     """``POST /update_weights_from_disk``."""
 
-    model_path: str = attrs.field(validator=_non_empty_str("a non-empty string"))
-    weight_version: str | None = None
+    model_path: str = attrs.field(validator=_non_empty_str("a non-empty string", MAX_PATH_CHARS))
+    weight_version: str | None = attrs.field(default=None, validator=_optional_str(MAX_LABEL_CHARS))
     abort_all_requests: bool = False
-    load_format: str | None = None
+    load_format: str | None = attrs.field(default=None, validator=_optional_str(MAX_LABEL_CHARS))
     flush_cache: bool = True
 
 
@@ -153,40 +161,12 @@ class UpdateFromDiskBody:
 class UpdateVersionBody:
     """``POST /update_weight_version``."""
 
-    new_version: str = attrs.field(validator=_non_empty_str("a non-empty string"))
+    new_version: str = attrs.field(validator=_non_empty_str("a non-empty string", MAX_LABEL_CHARS))
     abort_all_requests: bool = False
 
 
-def _strict_int(value: Any, _t: Any) -> int:
-    if not is_int(value):
-        raise _TypeRule(f"must be an integer, got {value!r} ({type(value).__name__})")
-    return int(value)
-
-
-def _strict_float(value: Any, _t: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _TypeRule(f"must be a number, got {value!r} ({type(value).__name__})")
-    return float(value)  # NaN and infinities pass here; the value rules refuse them
-
-
-def _strict_bool(value: Any, _t: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _TypeRule(f"must be true or false, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _strict_str(value: Any, _t: Any) -> str:
-    if not isinstance(value, str):
-        raise _TypeRule(f"must be a string, got {value!r} ({type(value).__name__})")
-    return value
-
-
 def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(detailed_validation=True)
-    conv.register_structure_hook(int, _strict_int)
-    conv.register_structure_hook(float, _strict_float)
-    conv.register_structure_hook(bool, _strict_bool)
-    conv.register_structure_hook(str, _strict_str)
+    conv = strict_converter()
     conv.register_structure_hook_func(lambda t: t == list[int], lambda v, _t: _strict_ids(v))
     # Unknown sampling settings are refused (they would be silently ignored otherwise);
     # unknown top-level keys are ignored, as SGLang does.
@@ -199,10 +179,12 @@ def _make_converter() -> cattrs.Converter:
 def _strict_ids(value: Any) -> list[int]:
     """A list of ints (element rules, such as >= 0, are the field's validator)."""
     if not isinstance(value, list):
-        raise _TypeRule(f"must be a list of token ids, got {value!r} ({type(value).__name__})")
+        raise TypeRule(f"must be a list of token ids, got {_clip(repr(value))} ({type(value).__name__})")
+    if only_type(value, int):  # the common case, checked in C
+        return value
     for i, v in enumerate(value):
         if not is_int(v):
-            raise _TypeRule(f"[{i}]: must be an integer token id, got {v!r} ({type(v).__name__})")
+            raise TypeRule(f"[{i}]: must be an integer token id, got {_clip(repr(v))} ({type(v).__name__})")
     return [int(v) for v in value]
 
 
@@ -210,7 +192,7 @@ _converter = _make_converter()
 
 
 def _format(exc: BaseException, t: Any) -> str:
-    if isinstance(exc, (_TypeRule, WorkflowContractError)):
+    if isinstance(exc, (TypeRule, WorkflowContractError)):
         return str(exc)
     if isinstance(exc, KeyError):
         return "required field missing"
@@ -229,6 +211,8 @@ def parse_body(cls: type[T], data: Any, where: str) -> T:
     Raises:
         BadRequest: ``where: path.to.field: rule, got value`` for every broken rule.
     """
+    if isinstance(data, cls):  # structured already (off the event loop, by the HTTP layer)
+        return data
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -236,10 +220,18 @@ def parse_body(cls: type[T], data: Any, where: str) -> T:
     try:
         return _converter.structure(data, cls)
     except WorkflowContractError as exc:  # a class-level rule (raised by cls's __init__)
-        raise BadRequest(f"{where}: {_strip_class(str(exc))}") from None
-    except (cattrs.BaseValidationError, _TypeRule) as exc:
+        raise BadRequest(f"{where}: {_clip(_strip_class(str(exc)))}") from None
+    except (cattrs.BaseValidationError, TypeRule) as exc:
         messages = transform_error(exc, path="$", format_exception=_format)
-        raise BadRequest(f"{where}: " + "; ".join(_reword(m) for m in messages)) from None
+        raise BadRequest(f"{where}: " + "; ".join(_clip(_reword(m)) for m in messages)) from None
+
+
+_MESSAGE_CHARS = 400
+
+
+def _clip(message: str) -> str:
+    """A message quoting at most a few hundred characters of a client's value."""
+    return message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "... (cut)"
 
 
 def _strip_class(message: str) -> str:

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from .._config import GenerationConfig
-from .._errors import EngineError, RolloutError, UnsupportedRequestError, WorkflowContractError
+from .._errors import EngineError, UnsupportedRequestError, WorkflowContractError
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
 from ._schema import (
@@ -256,7 +256,9 @@ class SGLangApp:
             self._notify()
             try:
                 await self.engine.update_weights(path, version)
-            except (RolloutError, OSError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any checkpoint the client named may be bad
+                # A truncated file, a pickle weights_only refuses, a wrong architecture: the
+                # client's checkpoint, not the server, is at fault (and the model is unchanged).
                 return Reply(400, {"success": False, "message": f"{type(exc).__name__}: {exc}"})
             finally:
                 self._updating = False

@@ -1,0 +1,181 @@
+"""Serving an ASGI app on Hypercorn's Trio worker, through Hypercorn's public API only.
+
+Hypercorn does the HTTP (h11 / h2 framing, head size, keep-alive, graceful close). This
+module owns the listening sockets (so it can report the bound port and close them) and
+one guard: when the process runs out of file descriptors, Hypercorn's ``accept`` fails
+and it retries forever, so a new client would hang without an answer. The guard keeps a
+reserve of descriptors; while none is free it takes pending connections with the reserve,
+answers 503 and closes them. How many connections fit is therefore derived from the
+open-file limit (``RLIMIT_NOFILE``); ``ServerLimits.max_connections`` raises the soft
+limit when more are wanted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ._limits import ServerLimits, ensure_capacity
+
+__all__ = ["hypercorn_config", "serve_app"]
+
+log = logging.getLogger("rollout_trio.server")
+
+_BUSY_BODY = b'{"error":{"message":"too many open connections: the open-file limit (RLIMIT_NOFILE) is reached","code":503}}'
+# A fixed answer sent before any request was read (no parser is involved).
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+_RESERVE = 2  # descriptors the guard keeps: one for the refused connection, one to probe
+_GUARD_POLL = 0.05  # seconds the guard lets Hypercorn take a pending connection first
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # not Linux: assume a small process
+        return 64
+
+
+def hypercorn_config(limits: ServerLimits, sockets: list[socket.socket], *, graceful_timeout: float) -> Any:
+    """Hypercorn's settings for ``limits``, serving ``sockets`` (logging through ``rollout_trio.server``)."""
+    from hypercorn.config import Config, Sockets
+
+    class _OwnSockets(Config):
+        def create_sockets(self) -> Sockets:  # the sockets we bound (and will close)
+            return Sockets(secure_sockets=[], insecure_sockets=list(sockets), quic_sockets=[])
+
+    config = _OwnSockets()
+    config.keep_alive_timeout = limits.keep_alive_timeout
+    config.h11_max_incomplete_size = limits.max_header_bytes
+    config.h2_max_header_list_size = limits.max_header_bytes
+    config.read_timeout = None if limits.read_timeout is None else max(1, math.ceil(limits.read_timeout))
+    config.graceful_timeout = graceful_timeout
+    config.backlog = limits.backlog
+    config.errorlog = log
+    config.accesslog = logging.getLogger("rollout_trio.server.access")
+    config.include_server_header = False
+    return config
+
+
+def _bind(host: str, port: int, backlog: int) -> list[socket.socket]:
+    out: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+            if port == 0:  # every address family on the same port
+                port = sock.getsockname()[1]
+            break  # one address per host is enough for loopback and explicit addresses
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
+def _descriptor_free(probe: int) -> bool:
+    try:
+        os.close(os.dup(probe))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return False
+        raise
+    return True
+
+
+async def _refuse_when_out_of_descriptors(listening: socket.socket) -> None:
+    """Answer 503 to pending connections while no descriptor is free (see the module doc)."""
+    sock = listening.dup()  # its own descriptor: Hypercorn waits on the original
+    reserve = [os.open(os.devnull, os.O_RDONLY) for _ in range(_RESERVE)]
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            if _descriptor_free(reserve[0]):
+                await trio.sleep(_GUARD_POLL)  # Hypercorn accepts it
+                continue
+            os.close(reserve.pop())
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                reserve.append(os.open(os.devnull, os.O_RDONLY))
+                continue  # Hypercorn took it after all
+            with conn:
+                log.warning("refused a connection: no file descriptor is free (RLIMIT_NOFILE)")
+                try:
+                    conn.setblocking(False)
+                    conn.send(_BUSY)
+                except OSError:
+                    pass
+            reserve.append(os.open(os.devnull, os.O_RDONLY))
+    finally:
+        for fd in reserve:
+            os.close(fd)
+        sock.close()
+
+
+async def serve_app(
+    app: Any,
+    host: str,
+    port: int,
+    limits: ServerLimits,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+    graceful_timeout: float = 10.0,
+    task_status: trio.TaskStatus[list[tuple[str, int]]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI ``app`` on ``host:port`` (0: a free port) until ``shutdown_trigger`` returns.
+
+    ``task_status.started`` reports the bound ``(host, port)`` pairs. On shutdown, new
+    connections stop, idle ones close, and requests still running get
+    ``graceful_timeout`` seconds to finish before they are cancelled.
+    Cancelling the caller's scope stops everything at once.
+
+    Raises:
+        ValueError: ``limits.max_connections`` cannot fit under the hard open-file limit.
+        OSError: the address cannot be bound.
+    """
+    from hypercorn.trio import serve  # only servers need Hypercorn: import on use
+
+    ensure_capacity(limits, _open_files())
+    sockets = _bind(host, port, limits.backlog)
+    try:
+        config = hypercorn_config(limits, sockets, graceful_timeout=graceful_timeout)
+        bound: list[tuple[str, int]] = [tuple(s.getsockname()[:2]) for s in sockets]
+
+        class _Started:
+            def started(self, _binds: object = None) -> None:
+                task_status.started(bound)
+
+        async with trio.open_nursery() as nursery:
+            for sock in sockets:
+                nursery.start_soon(_refuse_when_out_of_descriptors, sock)
+            trigger = None
+            if shutdown_trigger is not None:
+                until = shutdown_trigger
+
+                async def trigger() -> None:
+                    await until()
+
+            await serve(app, config, shutdown_trigger=trigger, task_status=_Started(), mode="asgi")
+            nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
