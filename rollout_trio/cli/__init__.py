@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("._serve", "serve_main", "serve an embedded engine over SGLang's HTTP protocol"),
     "inspect": ("._inspect", "inspect_main", "summarize a trajectory dump (terminal, or one HTML page)"),
     "replay": ("._replay", "replay_main", "re-run dumped episodes on their recorded answers (no model); report rows that differ"),
+    "top": ("._top", "top_main", "a live terminal view of a run's metrics (run --metrics-port, serve) or of a dump being written"),
 }
 
 _PROG = "rollout-trio"

@@ -89,3 +89,19 @@ class ServeMetrics:
                 histogram.observe(time.perf_counter() - start)
 
         return timed_route
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[Any]]]:
+        """``GET /metrics``, ``/live`` and ``/live.json`` as routes of the SGLang app."""
+        from ..server._sglang_app import Reply
+        from ._app import live_json_response, live_page_response, metrics_response
+
+        async def metrics(_body: Any) -> Reply:
+            return Reply(200, metrics_response(self.registry))
+
+        async def live(_body: Any) -> Reply:
+            return Reply(200, live_page_response())
+
+        async def live_json(_body: Any) -> Reply:
+            return Reply(200, live_json_response(self.registry, "rollout-trio serve"))
+
+        return {("GET", "/metrics"): metrics, ("GET", "/live"): live, ("GET", "/live.json"): live_json}

@@ -108,7 +108,7 @@ def _histogram(values: dict[str, list[tuple[dict[str, str], float]]], name: str)
         below, lo = count, le
     while buckets and buckets[-1][1] == 0:
         buckets.pop()
-    total = sum(v for _, v in values.get(name + "_count", ()))
+    total = sum((v for _, v in values.get(name + "_count", ())), 0.0)
     mean = sum(v for _, v in values.get(name + "_sum", ())) / total if total else None
     return {"buckets": buckets, "count": _number(total), "mean": mean}
 

@@ -125,6 +125,8 @@ async def _answer(route: AppRoute, data: Any, request: Request) -> Response:
     except Exception as exc:  # a bug in a route must not kill the server
         log.exception("%s %s failed", request.method, request.url.path)
         return _error(500, f"{type(exc).__name__}: {exc}")
+    if isinstance(reply.json, Response):  # a non-JSON answer (/metrics, the live page) as is
+        return reply.json
     return _json(reply.status, reply.json)
 
 
