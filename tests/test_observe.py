@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -276,3 +277,42 @@ def test_top_names_an_address_it_cannot_reach() -> None:
     )  # fmt: skip
     assert proc.returncode == 1 and "127.0.0.1:1/metrics: cannot scrape" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="needs Debian's chromium (apt-get install -y chromium); the page's data, /live.json, is "
+    "covered without a browser by test_metrics_scraped_over_http_during_a_run_on_the_tiny_model",
+)
+def test_live_page_renders_a_running_run_in_headless_chromium(tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+    )  # fmt: skip
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
+               f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        url = proc.stderr.readline().split("metrics at ")[1].split("/metrics")[0]
+        proc.stdout.readline()
+        proc.stdout.readline()  # a group finished: the page has something to show
+        dom = subprocess.run([*browser, "--dump-dom", f"{url}/live"], capture_output=True, text=True, timeout=60)
+        shot = tmp_path / "live.png"
+        subprocess.run([*browser, "--window-size=1200,600", f"--screenshot={shot}", f"{url}/live"],
+                       capture_output=True, timeout=60, check=True)  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    html = dom.stdout
+    accepted = int(html.split('data-key="accepted"><b>')[1].split("<")[0].replace(",", ""))
+    assert accepted >= 1, html
+    assert '<span id="state" class="dim">updated ' in html  # polled live.json without an error
+    assert 'data-rate="episodes/s"' in html
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
