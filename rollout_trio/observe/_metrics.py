@@ -67,14 +67,29 @@ class _RateCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=value())
 
 
+_last_size: tuple[Any, tuple[int, int, list[float]]] | None = None
+
+
 def result_size(result: Any) -> tuple[int, int, list[float]]:
-    """``(episodes, generated tokens, rewards)`` of a task's result (a Trajectory or interactions)."""
+    """``(episodes, generated tokens, rewards)`` of a task's result (a Trajectory or interactions).
+
+    The last answer is remembered: the metrics and the trace ask about the same result in turn.
+    """
+    global _last_size
+    if _last_size is not None and _last_size[0] is result:
+        return _last_size[1]
+    size = _result_size(result)
+    _last_size = (result, size)
+    return size
+
+
+def _result_size(result: Any) -> tuple[int, int, list[float]]:
     from .._trajectory import Trajectory
 
     if isinstance(result, Trajectory):
         rows = int(result.input_ids.shape[0]) if result.input_ids.dim() > 1 else 1
         tokens = int(result.loss_mask.sum()) if result.loss_mask is not None else 0
-        rewards = [float(r) for r in result.rewards.reshape(-1).tolist()] if result.rewards is not None else []
+        rewards = result.rewards.reshape(-1).tolist() if result.rewards is not None else []
         return rows, tokens, rewards
     if isinstance(result, dict):
         tokens = 0
@@ -137,6 +152,7 @@ class ExecutorMetrics:
             )
         )
         self._started: dict[int, int] = {}
+        self._rewards: dict[int, Any] = {}  # version -> its labelled summary (labels() costs a lock and a dict)
         self._queued: set[int] = set()
 
     # -- ExecutorObserver ------------------------------------------------------------------
@@ -167,9 +183,11 @@ class ExecutorMetrics:
         self._episode_rate.add(episodes)
         self._token_rate.add(tokens)
         if rewards:
-            oldest = oldest_version(result)
-            label = str(version if version is not None else oldest if oldest is not None else 0)
-            summary = self.reward.labels(label)
+            if version is None:  # started before this observer was attached
+                version = oldest_version(result) or 0
+            summary = self._rewards.get(version)
+            if summary is None:
+                summary = self._rewards[version] = self.reward.labels(str(version))
             for value in rewards:
                 summary.observe(value)
 

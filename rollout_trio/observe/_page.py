@@ -49,7 +49,7 @@ const esc = s => String(s).replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":
 function spark(values, w, h) {
   if (values.length < 2) return "";
   const max = Math.max(...values, 1e-9);
-  const pts = values.map((v, i) => `${(i / (HISTORY - 1) * w).toFixed(1)},${(h - v / max * (h - 4) - 2).toFixed(1)}`);
+  const pts = values.map((v, i) => `${(i / (values.length - 1) * w).toFixed(1)},${(h - v / max * (h - 4) - 2).toFixed(1)}`);
   return `<svg width="${w}" height="${h}"><line class="axis" x1="0" y1="${h-1}" x2="${w}" y2="${h-1}"/>` +
     `<polyline class="line" points="${pts.join(" ")}"/></svg>`;
 }
