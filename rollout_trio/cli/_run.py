@@ -243,6 +243,8 @@ async def _run(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.reward_normalization and args.group_size < 2:
         raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
+    if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+        raise CommandError(f"--trace {args.trace}: no such directory for the trace file")
     if args.dump is not None:
         try:
             os.makedirs(args.dump, exist_ok=True)
