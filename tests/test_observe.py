@@ -50,12 +50,13 @@ async def get(url: str) -> httpx.Response:
         return await client.get(url)
 
 
-def held_workflow(hold: trio.Event) -> Any:
-    """One generation; a task whose data says ``held`` then waits for ``hold``."""
+def held_workflow(hold: trio.Event, generated: trio.Event) -> Any:
+    """One generation; a task whose data says ``held`` then sets ``generated`` and waits for ``hold``."""
 
     async def workflow(engine: Any, data: Any) -> Trajectory:
         resp = await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=GC))
         if data.get("held"):
+            generated.set()
             await hold.wait()
         return Trajectory.from_response(resp, data["reward"])
 
@@ -68,11 +69,13 @@ async def test_metrics_scraped_over_http_during_a_run_on_the_tiny_model() -> Non
     hold = trio.Event()
     async with LocalEngine(model, tok, seed=0) as engine, open_metrics_server(metrics) as url:
         async with open_executor(engine, max_head_offpolicyness=10, observers=[metrics]) as ex:
-            workflow = held_workflow(hold)
+            generated = trio.Event()
+            workflow = held_workflow(hold, generated)
             for k in range(3):
                 ex.submit({"reward": float(k)}, workflow)
             ex.submit({"reward": 5.0, "held": True}, workflow)
             first = await ex.wait(3)
+            await generated.wait()  # the held task generated at version 0
             # mid-run: three consumed at version 0, one still running
             mid = scrape((await get(f"{url}/metrics")).text)
             engine.set_version(2)
@@ -186,7 +189,7 @@ async def test_trace_is_chrome_trace_json_with_each_episode_lifecycle(tmp_path: 
         return by_name
 
     def end(e: dict[str, Any]) -> float:
-        return float(e["ts"] + e.get("dur", 0))
+        return round(float(e["ts"] + e.get("dur", 0)), 3)  # microseconds with ns precision
 
     steps = lifecycle(ok)
     assert set(steps) == {"queued", "episode", "generate", "reward", "accepted", "buffered", "consumed"}
