@@ -44,6 +44,8 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--temperature": (["--temperature", "-1"], 2, "--temperature: must be a finite number >= 0"),
         "--max-new-tokens": (["--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
         "--reward-normalization": (["--reward-normalization", "--group-size", "1"], 2, "needs --group-size >= 2"),
+        "--metrics-port": (["--metrics-port", "70000"], 2, "--metrics-port: must be a port number 0-65535"),
+        "--trace": (["--trace", "/nonexistent/trace.json"], 1, "--trace /nonexistent/trace.json: no such directory"),
         "--seed": (["--seed", "-1"], 2, "--seed: must be an integer >= 0"),
         "--episode-timeout": (["--episode-timeout", "inf"], 2, "--episode-timeout: must be a finite number > 0"),
         "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
@@ -98,6 +100,13 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--task": (["{dump}", "--task", "x"], 2, "--task: must be an integer >= 0, got 'x'"),
         "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
         "--max-new-tokens": (["{dump}", "--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
+    },
+    "top": {
+        "ADDRESS": (["/nonexistent/dump"], 1, "/nonexistent/dump: no such dump directory"),
+        "--debug": (["127.0.0.1:1", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
+        "--interval": (["127.0.0.1:1", "--interval", "0"], 2, "--interval: must be a finite number > 0"),
+        "--once": (["127.0.0.1:1", "--once=1"], 2, "--once: ignored explicit argument '1'"),
+        "--api-key": (["127.0.0.1:1", "--once", "--api-key", "k"], 1, "127.0.0.1:1/metrics: cannot scrape"),
     },
 }
 

@@ -9,10 +9,12 @@ made by an earlier README command, like `.venv`). The README's test command is t
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -116,7 +118,10 @@ def test_bash_block_parses_and_names_what_exists(block):
         elif "/" in program:
             assert (ROOT / program).exists() or _made_by_the_readme(program, everything), argv
         else:
-            assert shutil.which(program) is not None, f"{block.name}: no program {program!r}"
+            # The venv running the tests provides rollout-trio and python, activated or not.
+            venv_bin = os.path.dirname(sys.executable)
+            found = shutil.which(program, path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
+            assert found is not None, f"{block.name}: no program {program!r}"
         for arg in argv[1:]:
             if arg.startswith(("-", "/", "$")) or "://" in arg or not (arg.endswith(".py") or "/" in arg):
                 continue  # options, URLs, and absolute paths (the reader's own, like /ckpt/base)

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("._inspect", "inspect_main", "summarize a trajectory dump (terminal, or one HTML page)"),
     "replay": ("._replay", "replay_main", "re-run dumped episodes on their recorded answers (no model); report rows that differ"),
     "fleet": ("._fleet", "fleet_main", "start N serve workers behind sglang-router on this machine; print the router's address"),
+    "top": ("._top", "top_main", "a live terminal view of a run's metrics (run --metrics-port, serve) or of a dump being written"),
 }
 
 _PROG = "rollout-trio"

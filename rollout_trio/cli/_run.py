@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from ._common import (
     non_negative_float,
     non_negative_int,
     positive_float,
+    port,
     positive_int,
     run_command,
 )
@@ -97,6 +99,19 @@ def _parser() -> Parser:
         default=None,
         help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md; default: no dump)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics and the live page at /live "
+        "while the run lasts; 0 picks a free port (default: off)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        default=None,
+        help="write each episode's lifecycle as Chrome trace JSON to FILE, for https://ui.perfetto.dev (default: off)",
+    )
     return p
 
 
@@ -161,28 +176,54 @@ async def _run(args: argparse.Namespace) -> int:
         trial_name=f"seed{args.seed}" if args.dump is not None else None,
     )
     started = time.perf_counter()
-    engine = await trio.to_thread.run_sync(_build_engine, args)
-    async with engine:
-        workflow = rlvr_workflow(
-            engine.tokenizer,
-            arithmetic_reward,
-            GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-        )
-        summary.header()
-        async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
-            with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
-                # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
-                with workflow_context.use_seed(args.seed):
-                    async with open_executor(engine, config, tokenizer=engine.tokenizer, stats=stats) as ex:
-                        remaining = len(prompts)
-                        while remaining:
-                            n = min(batch_size, remaining)
-                            await ex.prepare_batch(
-                                prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
-                                callback=summary.on_outcome, group_size=args.group_size,
-                                reward_normalization=args.reward_normalization,
-                            )  # fmt: skip
-                            remaining -= n
+    async with AsyncExitStack() as stack:
+        observers: list[Any] = []
+        if args.metrics_port is not None:
+            from ..observe import ExecutorMetrics, open_metrics_server
+
+            metrics = ExecutorMetrics()
+            try:
+                url = await stack.enter_async_context(open_metrics_server(metrics, port=args.metrics_port))
+            except OSError as exc:
+                raise CommandError(f"--metrics-port {args.metrics_port}: cannot listen: {exc}") from exc
+            observers.append(metrics)
+            print(f"rollout-trio run: metrics at {url}/metrics, live page at {url}/live", file=sys.stderr, flush=True)
+        recorder = None
+        if args.trace is not None:
+            from ..observe import TraceRecorder
+
+            recorder = TraceRecorder()
+            observers.append(recorder)
+            stack.callback(recorder.write, args.trace)  # written however the run ends
+        engine = await trio.to_thread.run_sync(_build_engine, args)
+        async with engine:
+            traced: Any = engine
+            if recorder is not None:
+                from ..observe import TracedEngine
+
+                traced = TracedEngine(engine, recorder)
+            workflow = rlvr_workflow(
+                engine.tokenizer,
+                arithmetic_reward,
+                GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+            )
+            summary.header()
+            async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
+                with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
+                    # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
+                    with workflow_context.use_seed(args.seed):
+                        async with open_executor(
+                            traced, config, tokenizer=engine.tokenizer, stats=stats, observers=observers
+                        ) as ex:
+                            remaining = len(prompts)
+                            while remaining:
+                                n = min(batch_size, remaining)
+                                await ex.prepare_batch(
+                                    prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
+                                    callback=summary.on_outcome, group_size=args.group_size,
+                                    reward_normalization=args.reward_normalization,
+                                )  # fmt: skip
+                                remaining -= n
     interrupted = interrupt.received
     if work.cancelled_caught and not interrupted:
         print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)
@@ -202,6 +243,8 @@ async def _run(args: argparse.Namespace) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.reward_normalization and args.group_size < 2:
         raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
+    if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
+        raise CommandError(f"--trace {args.trace}: no such directory for the trace file")
     if args.dump is not None:
         try:
             os.makedirs(args.dump, exist_ok=True)

@@ -157,6 +157,7 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
                     return
 
         await nursery.start(on_signal)
+        nursery.start_soon(_watch_loop_lag_until, stop, app.metrics.loop_lag)
         serve = partial(
             serve_app,
             sglang_asgi(app, api_key=args.api_key, limits=limits),
@@ -177,6 +178,15 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
             await tmp.replace(args.port_file)
         auth = "api key required" if args.api_key else "no api key"
         print(f"rollout-trio serve: listening on http://{host}:{bound_port} (model {name}, {auth})", flush=True)
+
+
+async def _watch_loop_lag_until(stop: trio.Event, gauge: Any) -> None:
+    from ..observe import watch_loop_lag
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_loop_lag, gauge)
+        await stop.wait()
+        nursery.cancel_scope.cancel()
 
 
 def _main(args: argparse.Namespace) -> int:

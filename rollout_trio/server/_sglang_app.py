@@ -152,6 +152,12 @@ class SGLangApp:
             ("POST", "/update_weights_from_disk"): self._update_from_disk,
             ("POST", "/update_weight_version"): self._update_weight_version,
         }
+        # Watching the server (rollout_trio.observe): Prometheus text, the live page and its data.
+        from ..observe._serve_metrics import ServeMetrics
+
+        self.metrics = ServeMetrics(self)
+        self.routes = {key: self.metrics.timed(key[1], route) for key, route in self.routes.items()}
+        self.routes.update(self.metrics.routes())
 
     def shut_down(self) -> None:
         """End every generation now (``abort`` with its partial output) and refuse new ones."""

@@ -1,0 +1,39 @@
+"""Watching a run: Prometheus metrics, the live page, ``rollout-trio top``, Perfetto traces.
+
+Metrics and traces are executor observers::
+
+    metrics = ExecutorMetrics()
+    async with open_metrics_server(metrics, port=9400) as url:  # url/metrics, url/live
+        async with open_executor(engine, config, observers=[metrics]) as ex:
+            ...
+
+:func:`metrics_app` is the same server as an ASGI app, to mount in one's own.
+"""
+
+from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._app import metrics_app as metrics_app
+from ._app import open_metrics_server as open_metrics_server
+from ._metrics import ExecutorMetrics as ExecutorMetrics
+from ._metrics import ObservedTransport as ObservedTransport
+from ._metrics import watch_loop_lag as watch_loop_lag
+from ._serve_metrics import ServeMetrics as ServeMetrics
+from ._snapshot import snapshot_from_text as snapshot_from_text
+from ._trace import TracedEngine as TracedEngine
+from ._trace import TraceRecorder as TraceRecorder
+from ._trace import open_trace as open_trace
+
+__all__ = [
+    "ExecutorMetrics",
+    "ObservedTransport",
+    "ServeMetrics",
+    "TraceRecorder",
+    "TracedEngine",
+    "metrics_app",
+    "open_metrics_server",
+    "open_trace",
+    "snapshot_from_text",
+    "watch_loop_lag",
+]
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata
