@@ -131,6 +131,32 @@ async def _refuse_when_out_of_descriptors(listening: socket.socket) -> None:
         sock.close()
 
 
+def _cut_connections(ports: set[int]) -> None:
+    """Shut down (not close) every accepted connection on ``ports`` (Linux; else nothing).
+
+    Hypercorn sends with a shielded ``send_all``: a client that never reads its answer
+    would hold shutdown forever. Once the graceful timeout is over, shutting the socket
+    down makes that send fail, and Hypercorn closes the connection itself.
+    """
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            sock = socket.socket(fileno=int(name))
+        except (OSError, ValueError):
+            continue  # not a socket
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.getsockname()[1] in ports:
+                sock.getpeername()  # an accepted connection, not a listener
+                sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, IndexError, TypeError):
+            pass
+        finally:
+            sock.detach()  # the descriptor stays Hypercorn's
+
+
 async def serve_app(
     app: Any,
     host: str,
@@ -168,11 +194,17 @@ async def serve_app(
             for sock in sockets:
                 nursery.start_soon(_refuse_when_out_of_descriptors, sock)
             trigger = None
+            ports = {port for _host, port in bound}
             if shutdown_trigger is not None:
                 until = shutdown_trigger
 
                 async def trigger() -> None:
                     await until()
+                    nursery.start_soon(_cut_after, graceful_timeout + 1.0)
+
+            async def _cut_after(delay: float) -> None:
+                await trio.sleep(delay)
+                _cut_connections(ports)
 
             await serve(app, config, shutdown_trigger=trigger, task_status=_Started(), mode="asgi")
             nursery.cancel_scope.cancel()
