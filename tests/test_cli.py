@@ -89,6 +89,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--html": (["{dump}", "--html", "/nonexistent/dir/out.html"], 1, "'/nonexistent/dir/out.html'"),
         "--samples": (["{dump}", "--samples", "0"], 2, "--samples: must be an integer >= 1, got '0'"),
         "--bins": (["{dump}", "--bins", "x"], 2, "--bins: must be an integer >= 1, got 'x'"),
+        "--max-line-bytes": (["{dump}", "--max-line-bytes", "0"], 2, "--max-line-bytes: must be an integer >= 1, got '0'"),
         "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
     },
     "replay": {

@@ -148,6 +148,16 @@ class GatedEngine(ScriptedEngine):
         await trio.to_thread.run_sync(self.gate.wait, abandon_on_cancel=True)
 
 
+def main_thread_is_in(method: str) -> bool:
+    """Whether the main thread is inside SyncRolloutExecutor's ``method`` (blocked in it)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == method and frame.f_code.co_filename.endswith("_sync.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def interrupt_main_when(condition: Any) -> threading.Thread:
     """Sends SIGINT to the main thread (a Ctrl-C) once ``condition()`` holds."""
     main = threading.main_thread().ident
@@ -173,7 +183,7 @@ def test_ctrl_c_cancels_the_call_and_its_results_stay_for_the_next_one() -> None
     with SyncRolloutExecutor(engine, consumer_batch_size=2, max_concurrent_rollouts=2) as ex:
         for _ in range(2):
             ex.submit({}, gen_workflow)
-        watcher = interrupt_main_when(lambda: len(engine.in_flight) == 2)
+        watcher = interrupt_main_when(lambda: len(engine.in_flight) == 2 and main_thread_is_in("wait"))
         with pytest.raises(KeyboardInterrupt):
             ex.wait(2, timeout=60)
         watcher.join()

@@ -157,6 +157,33 @@ def _cut_connections(ports: set[int]) -> None:
             sock.detach()  # the descriptor stays Hypercorn's
 
 
+def _survive_busy_sends() -> None:
+    """Make a send that races Hypercorn's own ``send_eof`` end its connection, not the server.
+
+    Hypercorn 0.17-0.18 sends under a lock but closes (``send_eof``) outside it; when an h2
+    connection closes while a stream still sends (sglang-router speaks HTTP/2 to its
+    workers, and a cut chunked body does it over HTTP/1.1), ``send_all`` raises
+    ``trio.BusyResourceError``, which Hypercorn does not catch, and the whole server
+    stops. No public setting avoids it, so the one method is wrapped to treat that error
+    as Hypercorn already treats a broken stream: the connection is closed.
+    """
+    from hypercorn.events import Closed
+    from hypercorn.trio.tcp_server import TCPServer
+
+    if getattr(TCPServer, "_rollout_trio_busy_safe", False):
+        return
+    original = TCPServer.protocol_send
+
+    async def protocol_send(self: Any, event: Any) -> None:
+        try:
+            await original(self, event)
+        except trio.BusyResourceError:
+            await self.protocol.handle(Closed())
+
+    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
+    TCPServer._rollout_trio_busy_safe = True  # type: ignore[attr-defined]
+
+
 async def serve_app(
     app: Any,
     host: str,
@@ -179,6 +206,8 @@ async def serve_app(
         OSError: the address cannot be bound.
     """
     from hypercorn.trio import serve  # only servers need Hypercorn: import on use
+
+    _survive_busy_sends()
 
     ensure_capacity(limits, _open_files())
     sockets = _bind(host, port, limits.backlog)
