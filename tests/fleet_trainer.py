@@ -3,7 +3,8 @@
     python -m tests.fleet_trainer ROUTER RANK --updates N [--checkpoint DIR]
 
 Each rank opens a ``RemoteEngine`` on the router and an executor with ``dp_size=2``, and
-takes batches. Rank 0 publishes weights after each batch (``update_weights`` on every
+takes batches once the test says ``start`` on its stdin (after every rank printed
+``ready``). Rank 0 publishes weights after each batch (``update_weights`` on every
 worker) and prints ``updated V``; the other rank learns V on its stdin (``version V``:
 what a trainer's own broadcast would carry) and adopts it with ``set_version``, with its
 requests in flight all along. Each prints ``ready V`` once open, ``adopted V``, and one
@@ -45,13 +46,18 @@ async def rank_main(args: argparse.Namespace) -> int:
         target = start + args.updates
         adopted = trio.Event()
 
-        async def listen() -> None:  # the other ranks' broadcast of the published version
+        go = trio.Event()
+
+        async def listen() -> None:  # "start" from the test; then the other ranks' broadcast of the published version
             stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
             buffer = b""
             while chunk := await stdin.receive_some():
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
+                    if line.strip() == b"start":
+                        go.set()
+                        continue
                     version = int(line.split()[1])
                     rollout.set_version(version)
                     say(f"adopted {version}")
@@ -59,8 +65,8 @@ async def rank_main(args: argparse.Namespace) -> int:
                         adopted.set()
 
         async with trio.open_nursery() as nursery:
-            if args.rank != 0:
-                nursery.start_soon(listen)
+            nursery.start_soon(listen)
+            await go.wait()  # every rank is open (and has read the fleet's version) before rank 0 updates
             batches, after = 0, 0
             while True:
                 batch = await rollout.prepare_batch(DATASET, workflow, batch_size=4, group_size=2)

@@ -168,7 +168,8 @@ async def test_a_worker_added_and_one_killed_mid_run_lose_nothing(running, check
                         await trio.sleep(0.05)
                     await engine.check_fleet()  # what the engine does every health_interval
                     assert await worker_version(extra.url) == str(version)
-                    assert extra.url in await healthy_workers(client, running.router)  # given back
+                    while extra.url not in await healthy_workers(client, running.router):  # given back
+                        await trio.sleep(0.05)  # until the router's own health check passes it
                     for i in range(9):
                         nursery.start_soon(generate, f"after-join-{i}", 32)
                     await wait_in_flight([extra.url], "after-join-", 1)  # the new worker serves
@@ -206,6 +207,9 @@ def test_two_trainer_processes_share_the_fleet_one_updates_the_other_adopts(runn
     try:
         starts = [int(lines.expect(r"^ready (\d+)$")[1]) for lines in out]
         assert starts[0] == starts[1]  # both adopted the servers' version at start
+        for p in ranks:
+            p.stdin.write("start\n")
+            p.stdin.flush()
         for _ in range(2):  # rank 0's publications, broadcast to rank 1 as a trainer's own channel would
             published = out[0].expect(r"^updated (\d+)$", timeout=DEADLINE)[1]
             ranks[1].stdin.write(f"version {published}\n")
