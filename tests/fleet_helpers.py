@@ -60,6 +60,11 @@ class Lines:
                 return found
         raise AssertionError(f"no line matching {pattern!r} within {timeout} s; last: {self.seen[-5:]}")
 
+    def tail(self, n: int = 8, timeout: float = 5.0) -> list[str]:
+        """The last ``n`` lines, after waiting up to ``timeout`` s for EOF (so a dead process's last words are in)."""
+        self._thread.join(timeout)
+        return self.seen[-n:]
+
     def close(self, timeout: float = 10.0) -> None:
         """Wait for EOF (the process ended) and close the stream."""
         self._thread.join(timeout)

@@ -217,6 +217,8 @@ def test_two_trainer_processes_share_the_fleet_one_updates_the_other_adopts(runn
             out[1].expect(rf"^adopted {published}$", timeout=DEADLINE)
         results = [json.loads(lines.expect(r"^\{.*\}$", timeout=DEADLINE)[0]) for lines in out]
         statuses = [p.wait(DEADLINE) for p in ranks]
+    except AssertionError as e:  # say why a rank stopped: its stderr
+        raise AssertionError(f"{e}; ranks' stderr: {[lines.tail() for lines in err]}") from None
     finally:
         for p, lines in zip(ranks, out):
             if p.poll() is None:
