@@ -26,6 +26,7 @@ from rollout_trio.observe import (
     ObservedTransport,
     TracedEngine,
     TraceRecorder,
+    metrics_app,
     open_metrics_server,
     snapshot_from_text,
 )
@@ -106,6 +107,38 @@ async def test_metrics_scraped_over_http_during_a_run_on_the_tiny_model() -> Non
     assert counts["accepted"] == 4 and counts["consumed"] == 4
     assert live["lag"]["buckets"] == [["0", 3], ["1", 0], ["2", 1]] and live["lag"]["count"] == 4
     assert live["rewards"] == [[0, 4, pytest.approx(8.0 / 4)]]
+
+
+async def test_metrics_app_is_served_by_the_shared_http_layer_with_its_limits() -> None:
+    """The metrics server answers like ``serve``: exact routes, JSON errors, the same head limit."""
+    from rollout_trio._http import ServerLimits
+
+    metrics = ExecutorMetrics()
+    app = metrics_app(metrics.registry, limits=ServerLimits(max_header_bytes=4096))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metrics") as client:
+        page = await client.get("/")
+        assert page.status_code == 307 and page.headers["location"] == "/live"
+        live = await client.get("/live")
+        assert live.headers["content-type"].startswith("text/html") and "<html" in live.text.lower()
+        scraped = scrape((await client.get("/metrics")).text)
+        assert any(name.startswith("rollout_trio_") for name, _ in scraped)
+        missing = await client.get("/metrics/")
+        assert missing.status_code == 404 and "no endpoint /metrics/" in missing.json()["error"]["message"]
+        assert (await client.post("/metrics")).status_code == 405
+        huge = await client.get("/metrics", headers={"x-padding": "a" * 8192})
+        assert huge.status_code == 431
+
+
+def test_the_package_never_loads_starlette() -> None:
+    """One HTTP layer: serving, the metrics server and the agent endpoint load no Starlette."""
+    code = (
+        "import sys, rollout_trio.observe, rollout_trio.server, rollout_trio.agents, rollout_trio.cli;"
+        "from rollout_trio.observe import ExecutorMetrics, metrics_app; metrics_app(ExecutorMetrics().registry);"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'starlette'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 async def test_rejected_failed_and_cancelled_are_counted_apart() -> None:

@@ -1,7 +1,7 @@
 """Serving metrics: ``/metrics`` (Prometheus text), ``/live`` (the live page), ``/live.json``.
 
-:func:`metrics_app` is the Starlette (ASGI) app; :func:`open_metrics_server` runs it on
-Hypercorn next to an executor, with the loop-lag watch. ``rollout-trio serve`` answers
+:func:`metrics_app` is the ASGI app, on the package's one HTTP layer (limits included);
+:func:`open_metrics_server` runs it on Hypercorn next to an executor, with the loop-lag watch. ``rollout-trio serve`` answers
 the same three paths from its own app (:func:`metrics_response` and friends).
 """
 
@@ -12,12 +12,8 @@ from contextlib import asynccontextmanager
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp
 
+from .._http import HTTPApp, Request, Response, ServerLimits, json_bytes
 from ._metrics import ExecutorMetrics, watch_loop_lag
 from ._page import PAGE_HTML
 from ._snapshot import snapshot_from_text
@@ -27,20 +23,24 @@ __all__ = ["live_json_response", "live_page_response", "metrics_app", "metrics_r
 
 def metrics_response(registry: CollectorRegistry) -> Response:
     """``registry`` in Prometheus text format."""
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
 
 
 def live_json_response(registry: CollectorRegistry, source: str) -> Response:
     """The :mod:`snapshot <rollout_trio.observe._snapshot>` the live page polls."""
-    return JSONResponse(snapshot_from_text(generate_latest(registry).decode(), source))
+    return Response(200, json_bytes(snapshot_from_text(generate_latest(registry).decode(), source)))
 
 
 def live_page_response() -> Response:
     """The live page (self-contained: no script, style or font from the network)."""
-    return HTMLResponse(PAGE_HTML)
+    return Response(200, PAGE_HTML.encode(), "text/html; charset=utf-8")
 
 
-def metrics_app(registry: CollectorRegistry, *, source: str = "executor") -> ASGIApp:
+def _error_body(status: int, message: str) -> bytes:
+    return json_bytes({"error": {"message": message, "code": status}})
+
+
+def metrics_app(registry: CollectorRegistry, *, source: str = "executor", limits: ServerLimits | None = None) -> HTTPApp:
     """An ASGI app serving ``registry``: ``/metrics``, ``/live``, ``/live.json`` (``/`` redirects to ``/live``)."""
 
     async def metrics(_request: Request) -> Response:
@@ -53,16 +53,10 @@ def metrics_app(registry: CollectorRegistry, *, source: str = "executor") -> ASG
         return live_page_response()
 
     async def root(_request: Request) -> Response:
-        return RedirectResponse("/live")
+        return Response(307, b"", None, headers=(("location", "/live"),))
 
-    return Starlette(
-        routes=[
-            Route("/metrics", metrics),
-            Route("/live.json", live_json),
-            Route("/live", live),
-            Route("/", root),
-        ]
-    )
+    routes = {("GET", "/metrics"): metrics, ("GET", "/live.json"): live_json, ("GET", "/live"): live, ("GET", "/"): root}
+    return HTTPApp(routes, limits=limits or ServerLimits(), error_body=_error_body)
 
 
 @asynccontextmanager
@@ -77,7 +71,7 @@ async def open_metrics_server(
     Raises:
         OSError: the address cannot be bound.
     """
-    from ..server import ServerLimits, serve_app
+    from .._http import serve_app
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_loop_lag, metrics.loop_lag, loop_lag_interval)

@@ -52,9 +52,8 @@ async def _answer(route: AppRoute, data: Any, request: Request) -> Response:
         raise HTTPError(400, str(exc)) from None
     except EngineFailure as exc:
         raise HTTPError(500, str(exc)) from None
-    if hasattr(reply.json, "media_type") and hasattr(reply.json, "body"):
-        # A non-JSON answer (/metrics, the live page), made as a Starlette response.
-        return Response(reply.json.status_code, bytes(reply.json.body), reply.json.headers.get("content-type"))
+    if isinstance(reply.json, Response):  # a non-JSON answer: /metrics, the live page
+        return reply.json
     return _reply(reply.status, reply.json)
 
 

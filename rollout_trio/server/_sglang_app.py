@@ -52,7 +52,8 @@ class EngineFailure(Exception):
 
 @attrs.frozen
 class Reply:
-    """A route's answer: a status and a JSON value (``None``: an empty body)."""
+    """A route's answer: a status and a JSON value (``None``: an empty body), or a whole
+    :class:`~rollout_trio._http.Response` for a non-JSON answer."""
 
     status: int = 200
     json: Any = None
