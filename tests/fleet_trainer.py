@@ -82,9 +82,9 @@ async def rank_main(args: argparse.Namespace) -> int:
                     rollout.set_version(version)
                     await rollout.resume()
                     say(f"updated {version}")
-                elif adopted.is_set():  # until its requests ran on the published weights (bounded)
+                elif adopted.is_set():  # until its requests ran on the published weights (bounded), two batches at least
                     after += 1
-                    if target in seen or after >= 5:
+                    if (target in seen and batches >= 2) or after >= 5:
                         break
             nursery.cancel_scope.cancel()
         stats = rollout.statistics()
