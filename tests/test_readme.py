@@ -144,3 +144,14 @@ def test_the_test_command_needs_no_activated_virtualenv():
     """A fresh shell has no virtualenv on PATH: the command names the interpreter itself."""
     program = _commands(_test_command())[0][0]
     assert program.startswith(".venv/bin/") and _made_by_the_readme(program, "\n".join(b.source for b in BASH))
+
+
+def test_ci_installs_torch_as_the_readme_tells_a_newcomer():
+    """The README's torch step (PyTorch's CPU index) is the one CI uses, so it is exercised."""
+    install = [b.source for b in BASH if "rollout-trio run" in b.source and "-m venv" in b.source]
+    assert len(install) == 1, install
+    steps = [step.strip() for step in install[0].split("&&")]
+    torch_step = next(step for step in steps if '"torch==' in step)
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in torch_step
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert torch_step in ci, f"{torch_step!r} is not what .ci/run runs"
