@@ -224,6 +224,22 @@ def test_a_15_mib_body_is_refused_from_its_head_under_the_default_limit(server: 
     assert_serving(server)
 
 
+def test_expect_100_continue_with_an_oversized_body_ends_in_413_without_the_body(server: ServeProcess) -> None:
+    """A client waiting for ``100 Continue`` is told 413 and the connection closes: it need not
+    send its body. (Hypercorn may send the ``100`` before the app has read the head; RFC 9110
+    allows a final status after it, and the body is never read.)"""
+    head = (
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n"
+    )
+    answer = exchange(port_of(server), head % (15 * 1024 * 1024), half_close=False)  # no body sent at all
+    if status_of(answer) == 100:  # the informational answer's head, then the final one
+        answer = answer[answer.index(b"\r\n\r\n") + 4 :]
+    assert status_of(answer) == 413
+    assert b"max_body_bytes" in answer
+    assert_serving(server)
+
+
 # ---------------------------------------------------------------- 2: one request's values
 
 
