@@ -23,6 +23,7 @@ also prints how long the full run would take on this machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +43,7 @@ import trio  # noqa: E402
 from bench.work import CLIENT_NEW_TOKENS, CLIENT_PROMPT  # noqa: E402
 from rollout_trio import GenerationConfig, ModelRequest  # noqa: E402
 from rollout_trio.engines import RemoteEngine  # noqa: E402
+from rollout_trio.engines._sglang import SGLangBackend  # noqa: E402
 
 TARGETS = {"cpu_us": 50.0, "lag_ms": 10.0, "fanout_ms": 50.0}
 CONTROL_EVERY = 0.1  # seconds between the trainer task's pause/resume/update rounds
@@ -75,19 +78,79 @@ def start_fixed_servers(count: int, workdir: str) -> tuple[subprocess.Popen[byte
         return server, [f"127.0.0.1:{line.strip()}" for line in f if line.strip()]
 
 
+class BareClient:
+    """The floor: the same requests as pre-framed bytes over pooled Trio sockets, the
+    answer's body found by its Content-Length and decoded with ``json.loads``; nothing
+    else (no validation, routing, retries or deadlines). Run in the same process against
+    the same servers, it shows what Trio and the kernel's loopback cost alone."""
+
+    def __init__(self, addresses: list[str], body: bytes) -> None:
+        self.origins = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in addresses]
+        self.idle: dict[tuple[str, int], list[trio.SocketStream]] = {o: [] for o in self.origins}
+        self.generate = self.frame(b"POST", b"/generate", body)
+        self.next = 0
+
+    @staticmethod
+    def frame(method: bytes, path: bytes, body: bytes) -> bytes:
+        return b"%s %s HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+            method, path, len(body), body)  # fmt: skip
+
+    async def exchange(self, origin: tuple[str, int], data: bytes) -> Any:
+        idle = self.idle[origin]
+        stream = idle.pop() if idle else await trio.open_tcp_stream(*origin)
+        await stream.send_all(data)
+        buf = b""
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            buf += await stream.receive_some(65536)
+        head = buf[:end].lower()
+        at = head.find(b"content-length:")
+        length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) >= 0 else len(head)]) if at >= 0 else 0
+        while len(buf) < end + 4 + length:
+            buf += await stream.receive_some(65536)
+        idle.append(stream)
+        return json.loads(buf[end + 4 : end + 4 + length]) if length else None
+
+    async def agenerate(self) -> Any:
+        origin = self.origins[self.next]
+        self.next = (self.next + 1) % len(self.origins)
+        return await self.exchange(origin, self.generate)
+
+    async def fan_out(self, path: bytes, body: bytes) -> None:
+        data = self.frame(b"POST", path, body)
+        async with trio.open_nursery() as nursery:
+            for origin in self.origins:
+                nursery.start_soon(self.exchange, origin, data)
+
+    async def aclose(self) -> None:
+        for streams in self.idle.values():
+            for stream in streams:
+                await stream.aclose()
+
+
+CONTROL_BODIES = {  # what SGLangBackend sends, for the bare client's fan-outs
+    "pause": (b"/pause_generation", b'{"mode": "abort"}'),
+    "resume": (b"/continue_generation", b"{}"),
+    "update": (b"/update_weights_from_disk", b'{"model_path": "x", "abort_all_requests": true, "weight_version": "1"}'),
+}
+
+
 async def direct_run(
-    addresses: list[str], episodes: int, concurrency: int, control_rounds: int, checkpoint: str
+    addresses: list[str], episodes: int, concurrency: int, control_rounds: int, checkpoint: str, rounds: int
 ) -> dict[str, Any]:
-    """Phase A: ``episodes`` episodes, nothing else (CPU per request, loop lag). Phase B:
-    the same load while a trainer task pauses, resumes and updates every server
-    ``control_rounds`` times, ``CONTROL_EVERY`` apart (each call's duration)."""
+    """Phase A: ``episodes`` episodes, nothing else, in ``rounds`` alternating rounds of
+    RemoteEngine and the bare client (CPU per request each, loop lag). Phase B: the same
+    load while a trainer task pauses, resumes and updates every server ``control_rounds``
+    times, ``CONTROL_EVERY`` apart, each call followed by the bare client's fan-out of the
+    same call (durations), first with no load (idle), then under load."""
     request = ModelRequest(input_ids=CLIENT_PROMPT, gconfig=GenerationConfig(max_new_tokens=CLIENT_NEW_TOKENS))
     lags: list[float] = []
-    pauses: list[float] = []
-    resumes: list[float] = []
-    updates: list[float] = []
+    cpu: dict[str, list[float]] = {"ours": [], "bare": []}
+    fanouts: dict[tuple[str, str, str], list[float]] = {}  # (load, call, client) -> seconds
     async with RemoteEngine(addresses, verify_versions=False, affinity_size=0) as engine:
+        call = SGLangBackend().generate(CLIENT_PROMPT, request.gconfig, max_new=CLIENT_NEW_TOKENS, min_new=0, rid="bench")
+        bare = BareClient(addresses, json.dumps(call.json).encode())  # the body RemoteEngine sends
         await engine.agenerate(request)  # warm up: one connection made
+        await bare.agenerate()
 
         async def probe(done: trio.Event) -> None:
             while not done.is_set():
@@ -95,13 +158,13 @@ async def direct_run(
                 await trio.sleep(0.001)
                 lags.append(trio.current_time() - start - 0.001)
 
-        async def load(count: int | None, done: trio.Event) -> None:
-            """``count`` episodes (None: until ``done``), ``concurrency`` at a time."""
+        async def load(one: Callable[[], Awaitable[object]], count: int | None, done: trio.Event) -> None:
+            """``count`` calls of ``one`` (None: until ``done``), ``concurrency`` at a time."""
             slots = trio.Semaphore(concurrency)
 
             async def episode() -> None:
                 try:
-                    await engine.agenerate(request)
+                    await one()
                 finally:
                     slots.release()
 
@@ -113,42 +176,59 @@ async def direct_run(
                     sent += 1
             done.set()
 
-        async def timed(call: Callable[[], Awaitable[object]], into: list[float]) -> None:
+        async def timed(key: tuple[str, str, str], call: Callable[[], Awaitable[object]]) -> None:
             start = time.perf_counter()
             await call()
-            into.append(time.perf_counter() - start)
+            fanouts.setdefault(key, []).append(time.perf_counter() - start)
 
-        async def trainer(done: trio.Event) -> None:
+        async def trainer(load_name: str, count: int, done: trio.Event | None) -> None:
             version = engine.get_version()
-            for _ in range(control_rounds):
+            for _ in range(count):
                 await trio.sleep(CONTROL_EVERY)
-                await timed(engine.pause, pauses)
-                await timed(engine.resume, resumes)
-                version += 1
-                await timed(lambda: engine.update_weights(checkpoint, version=version), updates)
-            done.set()
+                for call in ("pause", "resume", "update"):
+                    if call == "update":
+                        version += 1
+                        ours = partial(engine.update_weights, checkpoint, version=version)
+                    else:
+                        ours = getattr(engine, call)
+                    await timed((load_name, call, "ours"), ours)
+                    await timed((load_name, call, "bare"), partial(bare.fan_out, *CONTROL_BODIES[call]))
+            if done is not None:
+                done.set()
 
+        async def ours_one() -> None:
+            await engine.agenerate(request)
+
+        per_round = max(1, episodes // rounds)
         generated = trio.Event()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        wall_ours = 0.0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(probe, generated)
-            await load(episodes, generated)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            for _ in range(rounds):
+                for name, one in (("ours", ours_one), ("bare", bare.agenerate)):
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    await load(one, per_round, trio.Event())
+                    cpu[name].append((time.process_time() - cpu0) / per_round)
+                    if name == "ours":
+                        wall_ours += time.perf_counter() - wall0
+            generated.set()
 
+        await trainer("idle", max(1, control_rounds // 5), None)
         controlled = trio.Event()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(load, None, controlled)
-            await trainer(controlled)
+            nursery.start_soon(load, ours_one, None, controlled)
+            await trainer("load", control_rounds, controlled)
+        await bare.aclose()
+    ratios = [o / b for o, b in zip(cpu["ours"], cpu["bare"])]
     return {
-        "episodes": episodes,
-        "wall_s": wall,
-        "rate": episodes / wall,
-        "cpu_us": cpu / episodes * 1e6,
+        "episodes": per_round * rounds,
+        "rate": per_round * rounds / wall_ours,
+        "cpu_us": statistics.median(cpu["ours"]) * 1e6,
+        "bare_cpu_us": statistics.median(cpu["bare"]) * 1e6,
+        "cpu_ratio": statistics.median(ratios),
         "lag_p99_ms": p99(lags) * 1e3,
-        "pause_p99_ms": p99(pauses) * 1e3,
-        "resume_p99_ms": p99(resumes) * 1e3,
-        "update_p99_ms": p99(updates) * 1e3,
-        "control_rounds": len(updates),
+        "fanout_p99_ms": {key: p99(values) * 1e3 for key, values in fanouts.items()},
+        "control_rounds": control_rounds,
     }
 
 
@@ -236,22 +316,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as workdir:
         server, addresses = start_fixed_servers(cfg["servers"], workdir)
         try:
-            direct = trio.run(direct_run, addresses, cfg["episodes"], cfg["concurrency"], cfg["control_rounds"], workdir)
+            direct = trio.run(
+                direct_run, addresses, cfg["episodes"], cfg["concurrency"], cfg["control_rounds"], workdir, cfg["rounds"]
+            )
         finally:
             server.terminate()
             server.wait(10)
-    print(f"part 1: one trainer process, {cfg['servers']} fixed-answer loopback servers, {cfg['episodes']} episodes, "
-          f"{cfg['concurrency']} in flight: {direct['rate']:.0f} episodes/s; then under the same load, "
-          f"{direct['control_rounds']} rounds of pause, resume, update every {CONTROL_EVERY * 1e3:.0f} ms")  # fmt: skip
-    rows = [
-        ("client CPU per request", direct["cpu_us"], "us", TARGETS["cpu_us"], "<=", False),
-        ("Trio loop lag p99", direct["lag_p99_ms"], "ms", TARGETS["lag_ms"], "<", True),
-        (f"pause fan-out p99 ({cfg['servers']} servers)", direct["pause_p99_ms"], "ms", TARGETS["fanout_ms"], "<", True),
-        (f"resume fan-out p99 ({cfg['servers']} servers)", direct["resume_p99_ms"], "ms", TARGETS["fanout_ms"], "<", True),
-        (f"update fan-out p99 ({cfg['servers']} servers)", direct["update_p99_ms"], "ms", TARGETS["fanout_ms"], "<", True),
-    ]
-    for label, value, unit, target, op, strict in rows:
-        print(f"  {label:<38} {value:>8.1f} {unit}   target {op} {target:g} {unit}   {verdict(value, target, strict)}")
+    print(f"part 1: one trainer process, {cfg['servers']} fixed-answer loopback servers, {direct['episodes']} episodes, "
+          f"{cfg['concurrency']} in flight: {direct['rate']:.0f} episodes/s; then "
+          f"{direct['control_rounds']} rounds of pause, resume, update every {CONTROL_EVERY * 1e3:.0f} ms, "
+          f"idle and under the same load")  # fmt: skip
+    print(f"  {'client CPU per request':<38} {direct['cpu_us']:>8.1f} us   target <= {TARGETS['cpu_us']:g} us   "
+          f"{verdict(direct['cpu_us'], TARGETS['cpu_us'])}   (bare Trio socket client {direct['bare_cpu_us']:.1f} us: "
+          f"ours / bare {direct['cpu_ratio']:.2f}x, median of {cfg['rounds']} interleaved rounds)")  # fmt: skip
+    lag = direct["lag_p99_ms"]
+    print(f"  {'Trio loop lag p99':<38} {lag:>8.1f} ms   target < {TARGETS['lag_ms']:g} ms   {verdict(lag, TARGETS['lag_ms'], True)}")
+    fan = direct["fanout_p99_ms"]
+    for call in CONTROL_BODIES:
+        ours, floor = fan[("load", call, "ours")], fan[("load", call, "bare")]
+        label = f"{call} fan-out p99 ({cfg['servers']} servers)"
+        print(f"  {label:<38} {ours:>8.1f} ms   "
+              f"target < {TARGETS['fanout_ms']:g} ms   {verdict(ours, TARGETS['fanout_ms'], True)}   "
+              f"(bare client under the same load {floor:.1f} ms; idle: ours {fan[('idle', call, 'ours')]:.1f}, "
+              f"bare {fan[('idle', call, 'bare')]:.1f} ms)")  # fmt: skip
 
     fleet_startup = 0.0
     if cfg["router_workers"] > 0:
@@ -270,8 +357,8 @@ def main() -> int:
 
     if args.quick:  # episodes at this rate, the router's rounds, and workers loading side by side
         startup = fleet_startup * FULL["router_workers"] / max(cfg["router_workers"], 1) if fleet_startup else 60.0
-        control = FULL["control_rounds"] * (CONTROL_EVERY + 1e-3 * (direct["pause_p99_ms"] + direct["resume_p99_ms"] + direct["update_p99_ms"]))
-        full = FULL["episodes"] / direct["rate"] + control + FULL["rounds"] * FULL["seconds"] * 2 + startup
+        control = 1.2 * FULL["control_rounds"] * (CONTROL_EVERY + 2e-3 * sum(direct["fanout_p99_ms"].values()) / 2)
+        full = 2 * FULL["episodes"] / direct["rate"] + control + FULL["rounds"] * FULL["seconds"] * 2 + startup
         print(f"the full run (python bench/fleet_bench.py) takes about {full:.0f} s on this machine")
     return 0
 

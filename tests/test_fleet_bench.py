@@ -1,4 +1,5 @@
-"""bench/fleet_bench.py runs (a tiny --quick smoke run) and prints every figure with its target."""
+"""bench/fleet_bench.py runs (a tiny --quick smoke run) and prints every figure with its target
+and its bare-client floor."""
 
 from __future__ import annotations
 
@@ -30,5 +31,8 @@ def test_fleet_bench_quick_prints_every_figure_with_its_target():
         ("update fan-out p99 (4 servers)", "target < 50 ms"),
     ]:
         assert re.search(rf"{re.escape(figure)}\s+\d+\.\d \w+\s+{re.escape(target)}\s+(ok|MISSED)", out), out
+    # Each figure beside the same-process floor: a bare Trio socket client on the same servers.
+    assert re.search(r"bare Trio socket client \d+\.\d us: ours / bare \d+\.\d\dx", out), out
+    assert len(re.findall(r"bare client under the same load \d+\.\d ms; idle: ours \d+\.\d, bare \d+\.\d ms", out)) == 3, out
     assert re.search(r"through sglang-router\s+\d+\.\d req/s\s+direct\s+\d+\.\d req/s\s+router / direct \d+\.\d\dx", out), out
     assert re.search(r"the full run \(python bench/fleet_bench.py\) takes about \d+ s", out), out

@@ -6,6 +6,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio
 import trio.testing
 
@@ -219,3 +221,30 @@ async def test_servers_that_disagree_on_their_version_are_an_error_naming_them()
                 assert eng.get_version() == 4  # adopted where they agree
             assert all(not s.paths("/update_weight_version") for s in servers)
             nursery.cancel_scope.cancel()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ups=st.lists(st.booleans(), min_size=1, max_size=12),
+    excluded=st.sets(st.integers(0, 11)),
+    strategy=st.sampled_from(["round_robin", "least_in_flight"]),
+    loads=st.lists(st.integers(0, 3), min_size=12, max_size=12),
+    start=st.integers(0, 100),
+)
+def test_router_picks_the_best_class_of_server_and_rotates_within_it(
+    ups: list[bool], excluded: set[int], strategy: str, loads: list[int], start: int
+) -> None:
+    """Invariant: a pick comes from the first non-empty class of (up and not excluded),
+    (not excluded), (any); under least_in_flight it has the class's lowest load; and
+    round robin visits every server of the class within one cycle of picks."""
+    ss = servers(len(ups))
+    for s, up, load in zip(ss, ups, loads):
+        s.up, s.in_flight = up, load
+    r = Router(ss, strategy=strategy, affinity_size=0, rng=random.Random(start))
+    exclude = {ss[i] for i in excluded if i < len(ss)}
+    cls = [s for s in ss if s.up and s not in exclude] or [s for s in ss if s not in exclude] or ss
+    if strategy == "least_in_flight":
+        low = min(s.in_flight for s in cls)
+        cls = [s for s in cls if s.in_flight == low]
+    picks = [r.choose(f"r{i}", exclude) for i in range(len(cls))]
+    assert set(picks) == set(cls)

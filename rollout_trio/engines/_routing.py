@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import EngineProtocolError, EngineError
@@ -131,10 +131,7 @@ class Router:
         pinned = self._affinity.get(rid)
         if pinned is not None and pinned.up and pinned not in exclude:
             return pinned
-        candidates = [s for s in self.servers if s.up and s not in exclude]
-        if not candidates:
-            candidates = [s for s in self.servers if s not in exclude] or self.servers
-        server = self._pick(candidates)
+        server = self._next(exclude)
         if self.affinity_size:
             self._affinity[rid] = server
             self._affinity.move_to_end(rid)
@@ -142,20 +139,34 @@ class Router:
                 self._affinity.popitem(last=False)
         return server
 
-    def _pick(self, candidates: list[Server]) -> Server:
+    def _next(self, exclude: frozenset[Server] | set[Server]) -> Server:
+        """The next server by strategy among those up and not excluded, else among those
+        not excluded, else among all. No per-request list of candidates for round robin:
+        the walk from its cursor is O(1) while most servers are usable."""
+        rules = (lambda s: s.up and s not in exclude, lambda s: s not in exclude, lambda s: True)
+        for usable in rules:
+            rule = usable
+            if self.strategy == "least_in_flight":
+                loads = [s.in_flight for s in self.servers if usable(s)]
+                if not loads:
+                    continue
+                low = min(loads)
+                rule = lambda s, usable=usable: usable(s) and s.in_flight == low  # noqa: E731
+            server = self._walk(rule)
+            if server is not None:
+                return server
+        raise AssertionError("unreachable: the last rule accepts every server")  # pragma: no cover
+
+    def _walk(self, rule: Callable[[Server], bool]) -> Server | None:
+        """The first server from the round-robin cursor that ``rule`` accepts (the cursor
+        moves past it), or None."""
         n = len(self.servers)
-        if self.strategy == "least_in_flight":
-            low = min(s.in_flight for s in candidates)
-            candidates = [s for s in candidates if s.in_flight == low]
-        if len(candidates) == 1:
-            return candidates[0]
-        allowed = set(map(id, candidates))
         for _ in range(n):
             server = self.servers[self._rr % n]
             self._rr = (self._rr + 1) % n
-            if id(server) in allowed:
+            if rule(server):
                 return server
-        return candidates[0]  # pragma: no cover
+        return None
 
     def affine(self, rid: str) -> Server | None:
         """The server ``rid`` is pinned to, if any."""
