@@ -430,7 +430,7 @@ def render_page(
         f"<header><h1>Trajectory dump</h1><p>{esc(source)}</p></header><main>",
         '<section class="cards">' + "".join(f'<div class="card"><b>{value}</b><span>{label}</span></div>' for value, label in cards) + "</section>",
         '<div class="row"><section class="grow"><h2>Reward over weight versions</h2>',
-        '<p class="note">Mean raw reward per version with a ±1 std band'
+        '<p class="note">Mean raw reward per version with a ±1 std band (clipped to the smallest and largest reward)'
         + (" (original_reward, before normalization)" if summary.normalized else "")
         + "; eval rollouts dashed.</p>",
         reward_over_versions(summary, colours, bounds=(min(all_rewards), max(all_rewards))),
