@@ -155,3 +155,17 @@ def test_ci_installs_torch_as_the_readme_tells_a_newcomer():
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in torch_step
     ci = (ROOT / ".ci" / "run").read_text()
     assert torch_step in ci, f"{torch_step!r} is not what .ci/run runs"
+
+
+_UNPUBLISHED = re.compile(r"""pip install[^`\n]*['"]?rollout-trio\[""")
+
+
+def test_no_document_installs_the_unpublished_package_by_name():
+    """rollout-trio is not on PyPI: extras come from the checkout (pip install -e ".[fleet]")."""
+    documents = [README, ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = []
+    for path in documents:
+        # join wrapped lines: the command can be broken across two lines of a paragraph
+        text = " ".join(path.read_text().split())
+        found += [f"{path.relative_to(ROOT)}: {m.group()}" for m in _UNPUBLISHED.finditer(text)]
+    assert found == []
