@@ -15,7 +15,7 @@
 Run: python bench/executor_bench.py [--quick] [--repeats R]
      (--quick: fewer trajectories; the full run dumps 10,000 trajectories of 4k tokens,
      about 1.5 GB, to a temporary directory it deletes. Expect about 14 minutes for the full
-     run on 2 CPU cores (834 s measured), about 2 minutes with --quick.)
+     run on 2 CPU cores (834 s measured), about a minute with --quick (51 s measured).)
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def main() -> None:
         section(args.only, args.quick, repeats)
         return
     if not args.quick:
-        print("executor_bench: the full run takes about 14 minutes on 2 CPU cores (--quick: about 2)", flush=True)
+        print("executor_bench: the full run takes about 14 minutes on 2 CPU cores (--quick: about 1)", flush=True)
     # Each section in a fresh process: memory figures must not inherit another section's heap.
     for name in SECTIONS:
         cmd = [sys.executable, __file__, "--only", name, "--repeats", str(repeats)] + (["--quick"] if args.quick else [])

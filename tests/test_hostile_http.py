@@ -12,6 +12,7 @@ import ast
 import gc
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -333,6 +334,39 @@ def test_sigterm_exits_while_a_client_leaves_large_answers_unread() -> None:
         assert code == 0
     finally:
         p.stop()
+
+
+# ---------------------------------------------------------------- the access log
+
+
+ACCESS = re.compile(r" rollout_trio\.server\.access INFO (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d{3}) \d+\.\d ms \(127\.0\.0\.1:\d+\)$")
+
+
+def test_log_level_info_writes_one_access_line_per_request() -> None:
+    """Hypercorn's own access log writes a request twice when its client closes at once
+    (hypercorn issue 357: a second line with "- -"); ours writes each request once."""
+    p = ServeProcess("--log-level", "INFO")
+    port = port_of(p)
+    expected: list[tuple[str, str, str]] = []
+    try:
+        for _ in range(15):  # clients that close as soon as they have sent: the racing case
+            answer = exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            expected.append(("GET", "/health", str(status_of(answer))))
+        for path in ("/health", "/stats", "/nowhere"):
+            with httpx.Client(timeout=20) as client:
+                expected.append(("GET", path, str(client.get(p.url + path).status_code)))
+        r = httpx.post(p.url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+        expected.append(("POST", "/generate", str(r.status_code)))
+        p.proc.terminate()
+        p.proc.wait(30)
+        log = p.proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        p.stop()
+    lines = [line for line in log.splitlines() if "access" in line]
+    assert len(lines) == len(expected), "\n".join(lines)
+    found = [ACCESS.search(line) for line in lines]
+    assert None not in found, "\n".join(lines)
+    assert sorted((m["method"], m["path"], m["status"]) for m in found if m) == sorted(expected)
 
 
 # ---------------------------------------------------------------- 7: the open-file limit

@@ -290,3 +290,122 @@ def test_samples_and_panels_spread_over_many_versions():
     few = pick_samples(records[:9], 7)  # 3 versions of 3 rows: 3 + 2 + 2
     assert [records[k].version for k in few] == [0, 0, 0, 1, 1, 2, 2]
     assert spread(list(range(10)), 4) == [0, 3, 6, 9] and spread([1, 2], 5) == [1, 2]
+
+
+# ---------------------------------------------------------------- readable figures
+
+
+def write_reward_dump(root: Path, rewards: dict[int, list[float]], *, tokens: dict[int, list[int]] | None = None) -> Path:
+    """A dump of plain rows (no token ids): ``rewards[version]`` one row each, with
+    ``tokens[version]`` completion tokens (default 3)."""
+    for version, values in rewards.items():
+        d = root / "exp" / "trial" / "rollout" / str(version)
+        d.mkdir(parents=True)
+        lines = []
+        for k, reward in enumerate(values):
+            n = (tokens or {}).get(version, [3] * len(values))[k]
+            lines.append(json.dumps({
+                "task_id": k, "sample_idx": 0, "seqlen": 2 + n, "prompt_len": 2, "head_version": version,
+                "tail_version": version, "version_rle": [[version, n]], "reward": reward,
+                "prompt": "p", "completion": "c" * n, "accepted": True, "tokens": None,
+            }))
+        (d / "0.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def tick_labels(page: Page, figure: str, *, axis: str) -> list[str]:
+    """The tick labels of the first ``figure``: ``axis`` "y" (right-aligned) or "x" (centred)."""
+    at = page.elements.index(page.find("svg", data_figure=figure)[0])
+    end = next(k for k in range(at + 1, len(page.elements)) if page.elements[k]["tag"] == "svg" or k == len(page.elements) - 1)
+    anchor = "end" if axis == "y" else "middle"
+    return [e["text"] for e in page.elements[at:end]
+            if e["tag"] == "text" and e["attrs"].get("class") == "tick" and e["attrs"].get("text-anchor") == anchor]
+
+
+def test_count_axes_have_whole_number_ticks(tmp_path):
+    # One or two rows per bin: the old ticks were 0, 0.5, 1 (and 0, 2.5, 5 for longer axes).
+    dump = write_reward_dump(tmp_path / "dump", {0: [0.0, 1.0, 1.0], 1: [0.0, 0.0, 1.0]}, tokens={0: [1, 2, 3], 1: [4, 5, 7]})
+    _, page = render(dump, tmp_path)
+    for figure, axis in [("reward-histogram", "y"), ("length-histogram", "y"), ("length-histogram", "x")]:
+        labels = tick_labels(page, figure, axis=axis)
+        assert labels and all(label.lstrip("-").isdigit() for label in labels), (figure, axis, labels)
+
+
+def test_ticks_of_a_count_axis_are_integers_at_every_scale():
+    from rollout_trio.cli._inspect_html import _ticks
+
+    for hi in (1, 2, 3, 7, 13, 99, 1001):
+        ticks = _ticks(0, hi, 3, integer=True)
+        assert ticks[0] == 0 and ticks[-1] <= hi and len(ticks) >= 2 and all(t == int(t) for t in ticks), (hi, ticks)
+    assert 0.5 in _ticks(0, 1, 3)  # a reward axis keeps its fractions
+
+
+def test_the_std_band_stays_within_the_observed_rewards(tmp_path):
+    # 0/1 rewards: mean 0.25 ± 0.43 reaches below 0, mean 0.75 ± 0.43 above 1.
+    dump = write_reward_dump(tmp_path / "dump", {0: [0.0, 0.0, 0.0, 1.0], 1: [0.0, 1.0, 1.0, 1.0], 2: [0.0, 1.0, 0.0, 1.0]})
+    text, page = render(dump, tmp_path)
+    svg = text[text.index('data-figure="reward-over-versions"'):]
+    svg = svg[: svg.index("</svg>")]
+    # The plot maps rewards to y linearly: recover the y of reward 0 and 1 from the means.
+    points = page.find("circle", data_scope="rollout")
+    (m0, y0), (m1, y1) = [(float(p["attrs"]["data-mean"]), float(p["attrs"]["cy"])) for p in points[:2]]
+    y_of = lambda reward: y0 + (reward - m0) * (y1 - y0) / (m1 - m0)  # noqa: E731
+    band = page.find("polygon", **{"class": "band train"})[0]["attrs"]["points"]
+    ys = [float(xy.split(",")[1]) for xy in band.split()]
+    assert max(ys) <= y_of(0.0) + 0.01 and min(ys) >= y_of(1.0) - 0.01, (ys, y_of(0.0), y_of(1.0))
+    assert "<polygon" in svg
+
+
+def test_one_version_is_a_point_with_a_whisker_and_its_numbers(tmp_path):
+    dump = write_reward_dump(tmp_path / "dump", {5: [0.0, 1.0, 1.0, 1.0]})
+    text, page = render(dump, tmp_path)
+    at = text.index('data-figure="reward-over-versions"')
+    svg = text[at : text.index("</svg>", at)]
+    assert "<polygon" not in svg and "<polyline" not in svg  # no band or line through one point
+    assert "one version: no trend" in svg
+    whisker = page.find("g", **{"class": "whisker train"})
+    assert len(whisker) == 1
+    assert float(whisker[0]["attrs"]["data-lo"]) == pytest.approx(0.75 - statistics.pstdev([0, 1, 1, 1]))
+    assert float(whisker[0]["attrs"]["data-hi"]) == 1.0  # clipped to the largest reward
+    labels = [e["text"] for e in page.find("text", **{"class": "value"})]
+    assert labels == ["train v5: mean 0.75 ± 0.433 (4 rows)"]
+
+
+def test_no_negative_zero_is_printed(tmp_path):
+    dump = write_reward_dump(tmp_path / "dump", {0: [-0.0, -0.0], 1: [-0.0, 1.0]})
+    text, _ = render(dump, tmp_path)
+    import re
+
+    shown = re.sub(r"<[^>]*>", " ", text[text.index("<body>"):])  # what a reader sees (data-* may keep -0.0)
+    assert re.findall(r"(?<![\w.#-])-0(?:\.0*)?(?![\d.e])", shown) == []
+    assert "· mean 0<" in text  # version 0's panel title
+
+
+def test_every_numeric_column_sorts_by_a_number(dump_dir, tmp_path):
+    _, page = render(dump_dir, tmp_path, "--samples", "12")
+    headers = page.find("th")
+    numeric = [k for k, e in enumerate(page.find("td")[:7]) if e["attrs"].get("class") == "num"]
+    assert [headers[k]["text"] for k in numeric] == ["task", "version", "reward", "tokens"]
+    keys = [headers[k]["attrs"].get("data-key") for k in numeric]
+    assert None not in keys, keys  # a header without a key does not sort
+    records = {(r.task_id, r.sample_idx): r for r in read_dump(dump_dir)}
+    for row in page.find("tr", **{"class": "sample"}):
+        values = {key: float(row["attrs"][f"data-{key}"]) for key in keys}
+        r = records[(int(row["attrs"]["data-task"]), int(row["attrs"]["data-sample"]))]
+        assert values["tokens"] == sum(count for _, count in r.version_rle)
+
+
+def test_the_table_orders_numbers_as_numbers_in_node():
+    """The page's sort comparator, run by node: 9 before 10, NaN last (skipped without node)."""
+    import re
+
+    from rollout_trio.cli._inspect_html import _JS
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node on PATH")
+    order = re.search(r"function order\(x,y\)\{.*?\n  \}", _JS, re.S)
+    assert order is not None, "the page has no order(x, y) comparator"
+    program = order.group() + '\nconsole.log(JSON.stringify(["10","9","nan","-1.5","2","1e-3"].sort(order)));'
+    out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == ["-1.5", "1e-3", "2", "9", "10", "nan"]

@@ -96,7 +96,7 @@ def test_the_package_imports_without_test_tools_and_strategies_name_the_extra():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "pip install 'rollout-trio[testing]'" in out.stdout
+    assert 'pip install -e ".[testing]"' in out.stdout
 
 
 def test_a_hanging_test_dumps_its_stacks(pytestconfig):

@@ -155,3 +155,61 @@ def test_ci_installs_torch_as_the_readme_tells_a_newcomer():
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in torch_step
     ci = (ROOT / ".ci" / "run").read_text()
     assert torch_step in ci, f"{torch_step!r} is not what .ci/run runs"
+
+
+def _unbound_names(source: str) -> set[str]:
+    """Global names ``source`` reads but neither imports nor assigns (builtins excepted)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(source, "<block>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    used: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for s in table.get_symbols():
+            if s.is_referenced() and (table is top or s.is_global()):
+                used.add(s.get_name())
+    return {n for n in used - bound if not hasattr(builtins, n)}
+
+
+def test_the_unbound_names_check_sees_a_missing_import():
+    assert _unbound_names("async def f():\n    await trio.sleep(0)\ntrio.run(f)\n") == {"trio"}
+    assert _unbound_names("import trio\nasync def f():\n    await trio.sleep(0)\ntrio.run(f)\n") == set()
+
+
+def _made(source: str) -> set[str]:
+    """Top-level names ``source`` assigns (values, not imports)."""
+    import symtable
+
+    return {s.get_name() for s in symtable.symtable(source, "<block>", "exec").get_symbols() if s.is_assigned()}
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if "trio.run(" in b.source], ids=lambda b: b.name)
+def test_a_block_that_runs_a_program_imports_what_it_uses(block):
+    """A program a reader may paste alone names its own imports.
+
+    A block that goes on with objects an earlier block of its section made (a running
+    fleet, a model) is a continuation and may use that block's imports too.
+    """
+    earlier = SECTIONS[block.section][: SECTIONS[block.section].index(block)]
+    missing = _unbound_names(block.source)
+    if missing & set().union(*(_made(b.source) for b in earlier)):
+        return  # a continuation
+    assert missing == set(), f"{block.name} uses names it does not import"
+
+
+_UNPUBLISHED = re.compile(r"""pip install[^`\n]*['"]?rollout-trio\[""")
+
+
+def test_no_document_installs_the_unpublished_package_by_name():
+    """rollout-trio is not on PyPI: extras come from the checkout (pip install -e ".[fleet]")."""
+    documents = [README, ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = []
+    for path in documents:
+        # join wrapped lines: the command can be broken across two lines of a paragraph
+        text = " ".join(path.read_text().split())
+        found += [f"{path.relative_to(ROOT)}: {m.group()}" for m in _UNPUBLISHED.finditer(text)]
+    assert found == []

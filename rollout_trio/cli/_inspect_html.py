@@ -30,7 +30,10 @@ def esc(text: str) -> str:
 
 
 def _num(x: float) -> str:
-    return "–" if not math.isfinite(x) else f"{x:.3g}"
+    if not math.isfinite(x):
+        return "–"
+    text = f"{x:.3g}"
+    return text.removeprefix("-") if float(text) == 0 else text  # no "-0"
 
 
 def version_colours(versions: Sequence[int]) -> dict[int, tuple[str, str]]:
@@ -47,13 +50,18 @@ def version_colours(versions: Sequence[int]) -> dict[int, tuple[str, str]]:
 # ---------------------------------------------------------------- SVG figures
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """At most about ``n`` round values in ``[lo, hi]``; whole numbers only if ``integer`` (counts)."""
     span = hi - lo
     step = 10 ** math.floor(math.log10(span / n)) if span > 0 else 1.0
     for m in (1, 2, 2.5, 5, 10):
+        if integer and (step * m < 1 or step * m != round(step * m)):
+            continue  # a count axis has no tick at 0.5 or 2.5
         if span / (step * m) <= n:
             step *= m
             break
+    else:
+        step = max(step * 10, 1.0) if integer else step * 10
     first = math.ceil(lo / step) * step
     return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
 
@@ -95,36 +103,70 @@ class _Plot:
         )
 
 
-def reward_over_versions(summary: DumpSummary, colours: dict[int, tuple[str, str]]) -> str:
-    """Mean raw reward per version with a ±1 std band; eval rollouts dashed."""
+def reward_over_versions(
+    summary: DumpSummary, colours: dict[int, tuple[str, str]], *, bounds: tuple[float, float] | None = None
+) -> str:
+    """Mean raw reward per version with a ±1 std band; eval rollouts dashed.
+
+    The band is clipped to ``bounds``, the rewards' observed ``(min, max)``: a std band of
+    0/1 rewards would otherwise reach below 0 and above 1. A dump of one version has no
+    trend to draw: its mean is a point with a ±1 std whisker and its numbers as a label.
+    """
+    lo_r, hi_r = bounds if bounds is not None else (-math.inf, math.inf)
+
+    def clip(y: float) -> float:
+        return min(max(y, lo_r), hi_r)
+
     versions = [v.version for v in summary.versions]
-    lows = [v.reward_mean - v.reward_std for v in summary.versions]
-    highs = [v.reward_mean + v.reward_std for v in summary.versions]
+    lows = [clip(v.reward_mean - v.reward_std) for v in summary.versions]
+    highs = [clip(v.reward_mean + v.reward_std) for v in summary.versions]
     y0, y1 = min(lows), max(highs)
     if y0 == y1:
         y0, y1 = y0 - 0.5, y1 + 0.5
     pad = (y1 - y0) * 0.08
     x0, x1 = min(versions), max(versions)
-    if x0 == x1:
+    single = x0 == x1
+    if single:
         x0, x1 = x0 - 1, x1 + 1
     plot = _Plot(760, 260, (x0, x1), (y0 - pad, y1 + pad))
     step = max(1, math.ceil(len(set(versions)) / 16))
     x_ticks = [(v, str(v)) for v in sorted(set(versions))[::step]]
     body = plot.frame("weight version", "reward (mean ± std)", x_ticks, _ticks(y0 - pad, y1 + pad))
     radius = 5 if len(versions) <= 40 else 3
+    if single:
+        body.append(
+            f'<text class="label" x="{plot.width - plot.right}" y="{plot.top + 4}" text-anchor="end">'
+            "one version: no trend to draw</text>"
+        )
     for is_eval in (False, True):
         series = [v for v in summary.versions if v.is_eval == is_eval]
         if not series:
             continue
         kind = "eval" if is_eval else "train"
-        upper = [f"{plot.sx(v.version)},{plot.sy(v.reward_mean + v.reward_std)}" for v in series]
-        lower = [f"{plot.sx(v.version)},{plot.sy(v.reward_mean - v.reward_std)}" for v in reversed(series)]
-        body.append(f'<polygon class="band {kind}" points="{" ".join(upper + lower)}"/>')
-        line = " ".join(f"{plot.sx(v.version)},{plot.sy(v.reward_mean)}" for v in series)
-        body.append(f'<polyline class="mean {kind}" points="{line}"/>')
-        for v in series:
+        if single:
+            v = series[0]
+            x = plot.sx(v.version) + (12 if is_eval else 0)  # train and eval side by side
+            top, bottom = plot.sy(clip(v.reward_mean + v.reward_std)), plot.sy(clip(v.reward_mean - v.reward_std))
             body.append(
-                f'<circle class="pt {kind}" cx="{plot.sx(v.version)}" cy="{plot.sy(v.reward_mean)}" r="{radius}" '
+                f'<g class="whisker {kind}" data-lo="{clip(v.reward_mean - v.reward_std)!r}" '
+                f'data-hi="{clip(v.reward_mean + v.reward_std)!r}">'
+                f'<line x1="{x}" x2="{x}" y1="{top}" y2="{bottom}"/><line x1="{x - 8}" x2="{x + 8}" y1="{top}" y2="{top}"/>'
+                f'<line x1="{x - 8}" x2="{x + 8}" y1="{bottom}" y2="{bottom}"/></g>'
+            )
+            body.append(
+                f'<text class="value" x="{x + 14}" y="{plot.sy(v.reward_mean) + (18 if is_eval else 4)}">'
+                f"{kind} v{v.version}: mean {_num(v.reward_mean)} ± {_num(v.reward_std)} ({v.rows} rows)</text>"
+            )
+        else:
+            upper = [f"{plot.sx(v.version)},{plot.sy(clip(v.reward_mean + v.reward_std))}" for v in series]
+            lower = [f"{plot.sx(v.version)},{plot.sy(clip(v.reward_mean - v.reward_std))}" for v in reversed(series)]
+            body.append(f'<polygon class="band {kind}" points="{" ".join(upper + lower)}"/>')
+            line = " ".join(f"{plot.sx(v.version)},{plot.sy(v.reward_mean)}" for v in series)
+            body.append(f'<polyline class="mean {kind}" points="{line}"/>')
+        for v in series:
+            x = plot.sx(v.version) + (12 if single and is_eval else 0)
+            body.append(
+                f'<circle class="pt {kind}" cx="{x}" cy="{plot.sy(v.reward_mean)}" r="{radius}" '
                 f'fill="{colours[v.version][1]}" data-scope="{"eval-rollout" if is_eval else "rollout"}" data-version="{v.version}" '
                 f'data-mean="{v.reward_mean!r}" data-std="{v.reward_std!r}" data-rows="{v.rows}">'
                 f"<title>{kind} v{v.version}: mean {_num(v.reward_mean)} ± {_num(v.reward_std)} over {v.rows} rows</title></circle>"
@@ -133,13 +175,14 @@ def reward_over_versions(summary: DumpSummary, colours: dict[int, tuple[str, str
 
 
 def bar_histogram(counts: Sequence[int], lo: float, hi: float, *, figure: str, colour: str, title: str, x_label: str,
-                  width: int = 300, height: int = 170, extra: str = "") -> str:
-    """Bars over equal bins of ``[lo, hi]``, each carrying its bin and count."""
+                  width: int = 300, height: int = 170, extra: str = "", integer_x: bool = False) -> str:
+    """Bars over equal bins of ``[lo, hi]``, each carrying its bin and count; the count axis
+    has whole-number ticks, and so has the x axis if ``integer_x`` (token counts)."""
     plot = _Plot(width, height, (lo, hi), (0, max(max(counts, default=0), 1)), margin=(24, 10, 34, 40))
     edges = [lo + (hi - lo) * k / len(counts) for k in range(len(counts) + 1)]
-    x_ticks = [(t, _num(t)) for t in _ticks(lo, hi, 4)]
+    x_ticks = [(t, _num(t)) for t in _ticks(lo, hi, 4, integer=integer_x)]
     body = [f'<text class="panel-title" x="{plot.left}" y="15">{esc(title)}</text>']
-    body += plot.frame(x_label, "rows", x_ticks, _ticks(0, max(max(counts, default=0), 1), 3))
+    body += plot.frame(x_label, "rows", x_ticks, _ticks(0, max(max(counts, default=0), 1), 3, integer=True))
     for k, c in enumerate(counts):
         x, w = plot.sx(edges[k]), plot.sx(edges[k + 1]) - plot.sx(edges[k])
         y = plot.sy(c)
@@ -237,7 +280,7 @@ def _sample_row(r: DumpRecord, tok: Any, colours: dict[int, tuple[str, str]]) ->
         flags += '<span class="badge truncated">truncated</span>'
     scope = "eval-rollout" if r.is_eval else "rollout"
     return (
-        f'<tr class="sample" data-task="{r.task_id}" data-sample="{r.sample_idx}" data-version="{r.version}" data-scope="{scope}" data-reward="{r.raw_reward!r}" '
+        f'<tr class="sample" data-task="{r.task_id}" data-sample="{r.sample_idx}" data-version="{r.version}" data-scope="{scope}" data-reward="{r.raw_reward!r}" data-tokens="{completion_tokens(r)}" '
         f'data-accepted="{int(r.accepted)}" data-truncated="{int(bool(r.is_truncated))}">'
         f'<td class="num">{r.task_id}<small>#{r.sample_idx}</small></td>'
         f'<td class="num"><span class="vdot" style="background:{colours[r.version][1]}"></span>{r.version}'
@@ -274,6 +317,7 @@ svg .panel-title{font-weight:600;fill:var(--fg);font-size:12px}
 svg .band{fill:#3b5bdb;opacity:.12}svg .band.eval{fill:#c2410c}
 svg .mean{fill:none;stroke:#3b5bdb;stroke-width:2}svg .mean.eval{stroke:#c2410c;stroke-dasharray:5 4}
 svg .pt{stroke:#fff;stroke-width:1.5}
+svg .whisker line{stroke:#3b5bdb;stroke-width:2}svg .whisker.eval line{stroke:#c2410c}svg .value{fill:var(--fg);font-size:12px}
 svg .bar:hover,svg .pt:hover{opacity:.75}
 .legend{display:flex;flex-wrap:wrap;gap:6px 14px;font-size:12px;color:var(--muted);margin:0 0 12px;align-items:center}
 .legend i{display:inline-block;width:14px;height:14px;border-radius:3px;vertical-align:-2px;margin-right:4px}
@@ -313,12 +357,17 @@ _JS = """
       tr.style.display=ok?'':'none';
     });
   }
+  // numbers as numbers (9 before 10); NaN and text after them, text in text order
+  function order(x,y){
+    var a=Number(x), b=Number(y), na=x===''||isNaN(a), nb=y===''||isNaN(b);
+    if(!na&&!nb)return a-b; if(na!==nb)return na?1:-1; return x<y?-1:x>y?1:0;
+  }
   [q,ver,st].forEach(function(el){el.addEventListener('input',apply);el.addEventListener('change',apply);});
   Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th){
     var key=th.dataset.key; if(!key)return; var dir=1;
     th.addEventListener('click',function(){
       var rows=Array.prototype.slice.call(body.rows);
-      rows.sort(function(a,b){return (parseFloat(a.dataset[key])-parseFloat(b.dataset[key]))*dir;});
+      rows.sort(function(a,b){return order(a.dataset[key],b.dataset[key])*dir;});
       rows.forEach(function(r){body.appendChild(r);}); dir=-dir;
     });
   });
@@ -362,7 +411,7 @@ def render_page(
         )
     a, b = summary.length_range
     length_fig = bar_histogram(summary.length_hist, *summary.length_bins, figure="length-histogram", colour="#667085",
-                               title="completion tokens per row", x_label="tokens", width=440, height=260)
+                               title="completion tokens per row", x_label="tokens", width=440, height=260, integer_x=True)
     tok = _verified_tokenizer(shown, tokenizer)
     legend = "".join(
         f'<span><i style="background:{colours[v][0]};border:1px solid {colours[v][1]}"></i>v{v}</span>' for v in spread(versions, 16)
@@ -381,10 +430,10 @@ def render_page(
         f"<header><h1>Trajectory dump</h1><p>{esc(source)}</p></header><main>",
         '<section class="cards">' + "".join(f'<div class="card"><b>{value}</b><span>{label}</span></div>' for value, label in cards) + "</section>",
         '<div class="row"><section class="grow"><h2>Reward over weight versions</h2>',
-        '<p class="note">Mean raw reward per version with a ±1 std band'
+        '<p class="note">Mean raw reward per version with a ±1 std band (clipped to the smallest and largest reward)'
         + (" (original_reward, before normalization)" if summary.normalized else "")
         + "; eval rollouts dashed.</p>",
-        reward_over_versions(summary, colours),
+        reward_over_versions(summary, colours, bounds=(min(all_rewards), max(all_rewards))),
         "</section>",
         f'<section><h2>Completion length</h2><p class="note">min {a} · median {lengths[len(lengths) // 2]} · max {b} tokens</p>{length_fig}</section></div>',
         f'<section><h2>Reward histograms per version</h2><p class="note">The same {len(summary.versions[0].reward_hist)} bins '
@@ -400,7 +449,7 @@ def render_page(
         '<option value="rejected">rejected</option><option value="truncated">truncated</option></select></label>'
         '<span class="note" style="margin:0">click a numeric header to sort</span></div>',
         '<table id="samples"><thead><tr><th data-key="task">task</th><th data-key="version">version</th>'
-        '<th data-key="reward">reward</th><th>tokens</th><th>status</th><th>prompt (tail)</th><th>completion</th></tr></thead><tbody>',
+        '<th data-key="reward">reward</th><th data-key="tokens">tokens</th><th>status</th><th>prompt (tail)</th><th>completion</th></tr></thead><tbody>',
         "".join(_sample_row(r, tok, colours) for r in shown),
         "</tbody></table></section>",
         "<footer>written by rollout-trio inspect</footer></main>",

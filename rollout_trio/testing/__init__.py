@@ -1,7 +1,7 @@
 """Tools for testing workflows against the rollout_trio contract.
 
 ``rollout_trio.testing.strategies`` holds Hypothesis strategies (the ``testing`` extra:
-``pip install 'rollout-trio[testing]'``); :class:`ScriptedEngine`
+``pip install -e ".[testing]"`` in the checkout); :class:`ScriptedEngine`
 is an engine whose answers, delays and failures a test scripts.
 """
 

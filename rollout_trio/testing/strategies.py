@@ -21,7 +21,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         "rollout_trio.testing.strategies needs Hypothesis, which is an extra: "
-        "pip install 'rollout-trio[testing]'"
+        'pip install -e ".[testing]" in the rollout_trio checkout'
     ) from exc
 
 from .._config import GenerationConfig
