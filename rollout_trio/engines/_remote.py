@@ -733,7 +733,9 @@ class RemoteEngine:
         for call in calls:
 
             async def attempt(_k: int, call: HttpCall = call) -> Any:
-                return await session.call(server.base_url, call, timeout=self._control_timeout, expect_json=False)
+                return await session.call(
+                    server.base_url, call, timeout=self._control_timeout, expect_json=False, direct=True
+                )
 
             try:
                 await retrying(attempt, policy=self._retry, rng=self._rng)
@@ -997,7 +999,9 @@ class RemoteEngine:
         if call is None:
             return  # the connection was closed by the cancellation: that aborts it
         try:
-            await self._session().call(server.base_url, call, timeout=self._abort_grace, expect_json=False)
+            await self._session().call(
+                server.base_url, call, timeout=self._abort_grace, expect_json=False, direct=True
+            )
         except EngineError as exc:
             log.warning("abort of %s on %s failed: %s", srid, server.base_url, exc)
 

@@ -111,8 +111,10 @@ def _status_error(response: httpx.Response, where: str) -> EngineServerError:
 class HttpSession:
     """Sends :class:`HttpCall` s, one attempt each, and maps what goes wrong.
 
-    Control calls go through ``client`` (one ``httpx.AsyncClient`` for the engine's
-    lifetime). Calls sent with ``direct=True`` (generation segments, the hot path) go as
+    Occasional calls (start-up, version reads, health) go through ``client`` (one
+    ``httpx.AsyncClient`` for the engine's lifetime). Calls sent with ``direct=True``
+    (generation segments, and the pause/resume/update fan-outs and aborts, which go to
+    every server at once) go as
     ``httpx.Request`` objects straight to ``transport.handle_async_request``: the
     client's cookie, auth, redirect and event-hook machinery does nothing for these JSON
     APIs and costs about as much as the rest of a loopback round trip. Both paths share
