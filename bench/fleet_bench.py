@@ -250,12 +250,14 @@ class Fleet:
         assert self.proc.stdout is not None
         self.workers: list[str] = []
         self.router = ""
+        self.router_pid = 0
         try:
             for line in self.proc.stdout:  # the fleet's own --startup-timeout bounds this (it exits: EOF)
                 if line.startswith("worker "):
                     self.workers.append(line.split()[2])
                 elif line.startswith("router: "):
                     self.router = line.split()[1]
+                    self.router_pid = int(line.split("(pid ")[1].split(",")[0].split(")")[0])
                     break
             if not self.router:
                 raise RuntimeError("rollout-trio fleet did not start (its stderr says why)")
@@ -276,10 +278,22 @@ class Fleet:
             self.proc.stdout.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def router_rounds(fleet: Fleet, rounds: int, seconds: float, concurrency: int) -> dict[str, list[float]]:
-    """Requests/s through the router and straight to its workers, in alternating rounds."""
-    request = ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=4, ignore_eos=True))
-    rates: dict[str, list[float]] = {"router": [], "direct": []}
+    """Requests/s through the router and straight to its workers, in alternating rounds;
+    and the router process's own CPU per routed request (``router_cpu_us``)."""
+    gconfig = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    request = ModelRequest(input_ids=[1, 2, 3], gconfig=gconfig)
+    rates: dict[str, list[float]] = {"router": [], "direct": [], "router_cpu_us": []}
     async with RemoteEngine(router=fleet.router) as routed, RemoteEngine(fleet.workers) as direct:
         engines = {"router": routed, "direct": direct}
         for engine in engines.values():
@@ -292,14 +306,18 @@ async def router_rounds(fleet: Fleet, rounds: int, seconds: float, concurrency: 
                 async def worker(engine: RemoteEngine = engine) -> None:
                     nonlocal count
                     while trio.current_time() < end:
-                        await engine.agenerate(request)
+                        # A new request (a new rid) each time, as episodes send: one rid
+                        # reused would pin every request to one worker (rid affinity).
+                        await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=gconfig))
                         count += 1
 
-                start = time.perf_counter()
+                start, router_cpu = time.perf_counter(), cpu_seconds(fleet.router_pid)
                 async with trio.open_nursery() as nursery:
                     for _ in range(concurrency):
                         nursery.start_soon(worker)
                 rates[name].append(count / (time.perf_counter() - start))
+                if name == "router":
+                    rates["router_cpu_us"].append((cpu_seconds(fleet.router_pid) - router_cpu) / max(count, 1) * 1e6)
     return rates
 
 
@@ -359,6 +377,8 @@ def main() -> int:
         print(f"  through sglang-router {routed:>8.1f} req/s   direct {straight:>8.1f} req/s   "
               f"router / direct {routed / straight:.2f}x   (rounds: router {[round(r) for r in rates['router']]}, "
               f"direct {[round(r) for r in rates['direct']]})")  # fmt: skip
+        print(f"  the router process's own CPU per routed request {statistics.median(rates['router_cpu_us']):.0f} us "
+              f"(on {os.cpu_count()} cores it is taken from the workers)")  # fmt: skip
 
     if args.quick:  # episodes at this rate, the router's rounds, and workers loading side by side
         startup = fleet_startup * FULL["router_workers"] / max(cfg["router_workers"], 1) if fleet_startup else 60.0

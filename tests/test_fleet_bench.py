@@ -35,4 +35,5 @@ def test_fleet_bench_quick_prints_every_figure_with_its_target():
     assert re.search(r"bare Trio socket client \d+\.\d us: ours / bare \d+\.\d\dx", out), out
     assert len(re.findall(r"bare client under the same load \d+\.\d ms; idle: ours \d+\.\d, bare \d+\.\d ms", out)) == 3, out
     assert re.search(r"through sglang-router\s+\d+\.\d req/s\s+direct\s+\d+\.\d req/s\s+router / direct \d+\.\d\dx", out), out
+    assert re.search(r"the router process's own CPU per routed request \d+ us", out), out
     assert re.search(r"the full run \(python bench/fleet_bench.py\) takes about \d+ s", out), out
