@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from rollout_trio.executor import read_dump
 
@@ -63,3 +66,41 @@ def test_bad_numbers_are_usage_errors() -> None:
     for args in (["--episode-timeout", "0"], ["--max-head-offpolicyness", "-1"], ["--consumer-batch-size", "0"]):
         proc = run_cli(*args)
         assert proc.returncode == 2 and "must be" in proc.stderr, args
+
+
+def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
+    """Start ``rollout-trio run``, send SIGINT once ``-X importtime`` shows ``marker`` imported."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen = []
+        while not (seen and marker.search(seen[-1])):
+            line = proc.stderr.readline()
+            assert line, f"exited before {marker.pattern} was imported: {''.join(seen[-5:])}"
+            seen.append(line)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(seen) + err
+
+
+@pytest.mark.parametrize(
+    "marker",
+    # trio part-way in: the command's module loads (its parser needs trio's types); then torch part-way in
+    [r"\| +trio\._\w+$", r"\| +torch\.\w+$"],
+    ids=["loading-the-command", "loading-torch"],
+)
+def test_ctrl_c_while_starting_is_one_line_and_130(marker: str) -> None:
+    status, err = _interrupt_once_importing(re.compile(marker))
+    assert status == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert said == ["rollout-trio run: interrupted while starting; nothing ran"], said
+

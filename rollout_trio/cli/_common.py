@@ -6,7 +6,11 @@
   in use) is one line on stderr and exit status 1; ``--debug`` prints the full traceback
   first (:func:`run_command`).
 - Ctrl-C stops new work, aborts what is in flight, lets the command print what finished,
-  and exits with 130 (:func:`interruptible`, :func:`run_command`).
+  and exits with 130 (:func:`interruptible`, :func:`run_command`). Ctrl-C while a command
+  starts (torch and transformers import, a model loads) is one line and 130 as well
+  (:func:`starting`).
+- ``--help`` and ``--version`` answer at once: a command's module imports torch and
+  transformers inside the functions that run after its options parsed, never at the top.
 - Every option's help shows its default, and help text is plain text (no ``rst`` markup).
 """
 
@@ -15,12 +19,13 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import re
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
 import attrs
@@ -32,6 +37,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandError",
     "Interrupt",
+    "InterruptedWhileStarting",
     "Parser",
     "UsageError",
     "describe_exception",
@@ -49,6 +55,7 @@ __all__ = [
     "resolve_device",
     "run_command",
     "setup_logging",
+    "starting",
 ]
 
 EXIT_FAILURE = 1
@@ -65,6 +72,13 @@ class CommandError(Exception):
 
 class UsageError(CommandError):
     """Options that parse one by one but not together (exit status 2, like a parse error)."""
+
+
+class InterruptedWhileStarting(KeyboardInterrupt):
+    """Ctrl-C before a command did any work (raised by :func:`starting`)."""
+
+    def __init__(self) -> None:
+        super().__init__("interrupted while starting; nothing ran")
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -135,6 +149,7 @@ import_name = _type(
     bool,
     "MODULE:NAME (an importable module and an attribute of it)",
 )
+
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 device = _type(
     "device", lambda s: s if _DEVICE.fullmatch(s) else None, bool, "cpu, cuda, cuda:N or mps"
@@ -170,8 +185,6 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
 
     ``path`` None is the built-in tiny model (a fixed one: ``--seed`` seeds sampling, not weights).
     """
-    import os
-
     from ..models import load_model, tiny_model
 
     where = resolve_device(requested_device)
@@ -189,8 +202,6 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
 
 def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
     """A tokenizer from a local directory, or a :class:`CommandError` naming ``flag``."""
-    import os
-
     if not os.path.isdir(path):
         raise CommandError(f"{flag} {path}: no such tokenizer directory")
     from transformers import AutoTokenizer
@@ -244,22 +255,43 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        return _interrupted(prog, InterruptedWhileStarting())
     try:
         return body(args)
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(prog, exc)
     except (Exception, BaseExceptionGroup) as exc:
-        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None:
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        if isinstance(exc, BaseExceptionGroup) and (ctrl_c := exc.subgroup(KeyboardInterrupt)) is not None:
+            return _interrupted(prog, ctrl_c)
         if getattr(args, "debug", False):
             traceback.print_exception(exc)
         print(f"{prog}: error: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _interrupted(prog: str, exc: BaseException) -> int:
+    if all(isinstance(leaf, InterruptedWhileStarting) for leaf in _leaves(exc)):
+        print(f"{prog}: {InterruptedWhileStarting()}", file=sys.stderr)
+    else:
+        print(f"{prog}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """Wrap a command's start-up (importing torch, loading a model): Ctrl-C there ends the
+    command with one line, "interrupted while starting; nothing ran", and exit status 130
+    (:func:`run_command` prints it), where it would otherwise print a traceback."""
+    try:
+        yield
+    except InterruptedWhileStarting:
+        raise
+    except KeyboardInterrupt:
+        raise InterruptedWhileStarting() from None
 
 
 @attrs.define

@@ -9,18 +9,10 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import trio
 
-from .. import workflow_context
-from .._config import GenerationConfig
-from .._stats import StatsRecorder
-from .._trajectory import Trajectory
-from ..engines import LocalEngine
-from ..executor import RolloutConfig, TaskOutcome, open_executor
-from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -35,7 +27,14 @@ from ._common import (
     port,
     positive_int,
     run_command,
+    starting,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..engines import LocalEngine
+    from ..executor import TaskOutcome
 
 __all__ = ["run_main"]
 
@@ -116,6 +115,8 @@ def _parser() -> Parser:
 
 
 def _build_engine(args: argparse.Namespace) -> LocalEngine:
+    from ..engines import LocalEngine
+
     model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
     return LocalEngine(model, tokenizer, seed=args.seed)
 
@@ -136,6 +137,8 @@ class _Summary:
         print(f"group  question     per-slot rewards (G={self.group_size})", flush=True)
 
     def on_outcome(self, outcome: TaskOutcome) -> None:
+        from .._trajectory import Trajectory
+
         if outcome.status == "cancelled":
             return
         k = outcome.data["index"]
@@ -160,6 +163,12 @@ class _Summary:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    with starting():  # torch and transformers load here, once the options parsed
+        from .. import workflow_context
+        from .._config import GenerationConfig
+        from .._stats import StatsRecorder
+        from ..executor import RolloutConfig, open_executor
+        from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
     prompts = [dict(p, index=k) for k, p in enumerate(arithmetic_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
     summary = _Summary(args.group_size)
@@ -195,7 +204,9 @@ async def _run(args: argparse.Namespace) -> int:
             recorder = TraceRecorder()
             observers.append(recorder)
             stack.callback(recorder.write, args.trace)  # written however the run ends
-        engine = await trio.to_thread.run_sync(_build_engine, args)
+        with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
+            engine = await trio.to_thread.run_sync(_build_engine, args)
+            await trio.lowlevel.checkpoint()
         async with engine:
             traced: Any = engine
             if recorder is not None:

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from .._limits import MAX_DUMP_LINE_BYTES
 from .._trajectory import Trajectory
 
 try:
@@ -619,7 +620,7 @@ def _write_line(fd: int, data: bytes) -> None:
 
 #: The longest dump line :func:`read_dump` reads, in bytes (about 1M tokens with their texts).
 #: A line is parsed whole, so this bounds the memory one record may take.
-MAX_LINE_BYTES = 64 * 2**20
+MAX_LINE_BYTES = MAX_DUMP_LINE_BYTES
 
 _ROLES = ("prompt", "gen", "context")
 
