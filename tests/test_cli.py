@@ -175,6 +175,15 @@ def test_every_option_shows_its_default_in_plain_text(capsys, command):
             assert "(default" in " ".join(entry.split()), entry
 
 
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_shows_its_default_once(capsys, command):
+    assert main([command, "--help"]) == 0
+    entries = re.split(r"\n  (?=-)", capsys.readouterr().out.split("options:\n", 1)[1])
+    for entry in entries:
+        if not entry.lstrip().startswith("-h, --help"):
+            assert " ".join(entry.split()).count("default:") == 1, entry
+
+
 def test_help_and_version_import_neither_torch_nor_transformers():
     """--help and --version answer at once: the heavy imports wait until a command runs."""
     code = (

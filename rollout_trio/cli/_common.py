@@ -11,7 +11,7 @@
   (:func:`starting`).
 - ``--help`` and ``--version`` answer at once: a command's module imports torch and
   transformers inside the functions that run after its options parsed, never at the top.
-- Every option's help shows its default, and help text is plain text (no ``rst`` markup).
+- Every option's help shows its default once, and help text is plain text (no ``rst`` markup).
 """
 
 from __future__ import annotations
@@ -84,12 +84,16 @@ class InterruptedWhileStarting(KeyboardInterrupt):
 # ---------------------------------------------------------------------------- parsing
 
 
+#: Help text that already states its default ("(default: none)", "%(default)s").
+_STATES_DEFAULT = re.compile(r"\bdefault:|%\(default\)")
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default (unless its help already says "(default: ...)") in plain text."""
+    """Shows each option's default once (unless its help already says "default: ...") in plain text."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "(default" in text or action.default is argparse.SUPPRESS:
+        if _STATES_DEFAULT.search(text) or action.default is argparse.SUPPRESS:
             return text
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
             return f"{text} (default: {'on' if action.default else 'off'})"

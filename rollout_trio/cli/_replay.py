@@ -234,7 +234,7 @@ def _parser() -> Parser:
         type=non_negative_int,
         action="append",
         metavar="ID",
-        help="replay only this task id (repeatable; default: every task)",
+        help="replay only this task id, repeatable (default: every task)",
     )
     p.add_argument(
         "--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)"

@@ -96,7 +96,7 @@ def _parser() -> Parser:
         "--dump",
         metavar="DIR",
         default=None,
-        help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md; default: no dump)",
+        help="write every trajectory as JSONL under DIR/run/<trial>/, see docs/dumps.md (default: no dump)",
     )
     p.add_argument(
         "--metrics-port",
