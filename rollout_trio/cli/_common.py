@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import math
 import os
@@ -43,6 +44,7 @@ __all__ = [
     "describe_exception",
     "device",
     "import_name",
+    "import_object",
     "interruptible",
     "load_model_and_tokenizer",
     "load_tokenizer",
@@ -153,6 +155,24 @@ import_name = _type(
     bool,
     "MODULE:NAME (an importable module and an attribute of it)",
 )
+
+
+def import_object(spec: str) -> Any:
+    """The object an :data:`import_name` names, looking in the current directory first.
+
+    As ``python -m`` does: the console script's ``sys.path`` starts at its own directory,
+    so without this a module next to the user (``--workflow my_workflow:run``) is not found.
+    The directory stays on ``sys.path``, for the modules that one imports later.
+    """
+    module_name, _, attribute = spec.partition(":")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    obj: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    return obj
+
 
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 device = _type(

@@ -11,7 +11,6 @@ packing, or the reward.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import math
@@ -25,6 +24,7 @@ import trio
 from ._common import (
     Parser,
     import_name,
+    import_object,
     load_tokenizer,
     non_negative_int,
     positive_int,
@@ -171,7 +171,8 @@ async def replay_task(
 
 def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> RolloutWorkflow:
     """The workflow named ``module:attribute`` (a synchronous function is a factory called with
-    the tokenizer), or by default the main job's: RLVR on toy arithmetic."""
+    the tokenizer), or by default the main job's: RLVR on toy arithmetic. The module may
+    lie in the current directory, as for ``python -m``."""
     from .._config import GenerationConfig
     from .._workflow import resolve_workflow
 
@@ -180,10 +181,7 @@ def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> Roll
         from ..workflows import arithmetic_reward
 
         return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
-    module_name, _, attr = spec.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    obj = import_object(spec)
     if inspect.isfunction(obj) and not inspect.iscoroutinefunction(obj):
         obj = obj(tokenizer)
     return resolve_workflow(obj)
