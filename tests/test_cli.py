@@ -51,6 +51,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--episode-timeout": (["--episode-timeout", "inf"], 2, "--episode-timeout: must be a finite number > 0"),
         "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
         "--dump": (["--dump", "/dev/null/dumps"], 1, "--dump /dev/null/dumps: cannot create the directory: Not a directory"),
+        "--no-progress": (["--no-progress=1"], 2, "--progress/--no-progress: ignored explicit argument '1'"),
     },
     "serve": {
         "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),

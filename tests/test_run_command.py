@@ -104,3 +104,12 @@ def test_ctrl_c_while_starting_is_one_line_and_130(marker: str) -> None:
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
     assert said == ["rollout-trio run: interrupted while starting; nothing ran"], said
 
+
+def test_progress_bar_on_request(tmp_path: Path) -> None:
+    shown = run_cli("--groups", "3", "--group-size", "2", "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"\d+/3 \[", shown.stderr) and "group/s" in shown.stderr, shown.stderr
+    assert len(re.findall(r"^ +\d+  What is", shown.stdout, re.M)) == 3, shown.stdout  # every group's line still there
+    hidden = run_cli("--groups", "3", "--group-size", "2", "--no-progress")
+    assert hidden.returncode == 0 and "group/s" not in hidden.stderr, hidden.stderr
+
