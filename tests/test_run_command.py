@@ -113,3 +113,14 @@ def test_progress_bar_on_request(tmp_path: Path) -> None:
     hidden = run_cli("--groups", "3", "--group-size", "2", "--no-progress")
     assert hidden.returncode == 0 and "group/s" not in hidden.stderr, hidden.stderr
 
+
+def test_loading_a_checkpoint_shows_no_transformers_progress_bar(tmp_path: Path) -> None:
+    from rollout_trio.models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    proc = run_cli("--model", str(tmp_path), "--groups", "1", "--group-size", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr
+

@@ -211,6 +211,7 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
     """
     from ..models import load_model, tiny_model
 
+    _quiet_transformers()
     where = resolve_device(requested_device)
     if path is None:
         model, tokenizer = tiny_model(device=where)
@@ -230,10 +231,18 @@ def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
         raise CommandError(f"{flag} {path}: no such tokenizer directory")
     from transformers import AutoTokenizer
 
+    _quiet_transformers()
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise CommandError(f"{flag} {path}: cannot load a tokenizer from it: {_one_line(str(exc))}") from exc
+
+
+def _quiet_transformers() -> None:
+    """No progress bars from transformers ("Loading weights ...") among a command's own lines."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def setup_logging(level: str) -> None:
