@@ -124,3 +124,14 @@ def test_loading_a_checkpoint_shows_no_transformers_progress_bar(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr
 
+
+def test_dumping_twice_into_one_directory_says_so_once(tmp_path: Path) -> None:
+    first = run_cli("--groups", "2", "--group-size", "2", "--dump", str(tmp_path))
+    assert first.returncode == 0 and "already holds" not in first.stderr, first.stderr
+    second = run_cli("--groups", "2", "--group-size", "2", "--dump", str(tmp_path))
+    assert second.returncode == 0, second.stderr
+    trial = tmp_path.resolve() / "run" / "seed0"
+    assert second.stderr.splitlines() == [
+        f"rollout-trio run: warning: trajectory dump directory {trial} already holds 2 dumped files; new lines are appended"
+    ]
+    assert len(read_dump(trial)) == 8  # both runs' rows: appended, not refused

@@ -11,6 +11,8 @@
   (:func:`starting`).
 - ``--help`` and ``--version`` answer at once: a command's module imports torch and
   transformers inside the functions that run after its options parsed, never at the top.
+- The library's warnings (a dump directory that already holds files) are one line each
+  on stderr, ``PROG: warning: ...``, unless logging is configured (``serve --log-level``).
 - Every option's help shows its default once, and help text is plain text (no ``rst`` markup).
 """
 
@@ -291,7 +293,8 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
     except KeyboardInterrupt:
         return _interrupted(prog, InterruptedWhileStarting())
     try:
-        return body(args)
+        with _library_warnings(prog):
+            return body(args)
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
         return EXIT_USAGE
@@ -304,6 +307,32 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
             traceback.print_exception(exc)
         print(f"{prog}: error: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+class _WarningLines(logging.Handler):
+    """The library's warnings as ``PROG: warning: message``, one line each, while logging is
+    not configured (once it is, the root logger's handlers show them, in their format)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(logging.WARNING)
+        self.prog = prog
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers and bool(super().filter(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"{self.prog}: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _library_warnings(prog: str) -> Iterator[None]:
+    handler = _WarningLines(prog)
+    library = logging.getLogger("rollout_trio")
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
 
 
 def _interrupted(prog: str, exc: BaseException) -> int:

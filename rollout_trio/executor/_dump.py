@@ -408,6 +408,10 @@ class TrajectoryDumper:
     full, permission, a file where a directory should be) is logged and counted in
     :meth:`statistics`, never raised: the trajectory itself is never lost to a dump.
 
+    Entering a dumper whose directory already holds dumped files logs a warning naming
+    the directory and how many files are there: the new lines are appended to that dump
+    (on purpose, when a run resumes; by mistake, when two runs share a trial name).
+
     Args:
         fileroot: the directory every dump lies under.
         experiment_name, trial_name: single path components matching :data:`NAME_PATTERN`.
@@ -471,7 +475,10 @@ class TrajectoryDumper:
         if self._state != "new":
             raise RuntimeError("a TrajectoryDumper can be entered once")
         self._state = "open"
-        await trio.lowlevel.checkpoint()
+        existing = await trio.to_thread.run_sync(_count_dump_files, self.directory)
+        if existing:
+            files = "1 dumped file" if existing == 1 else f"{existing} dumped files"
+            logger.warning("trajectory dump directory %s already holds %s; new lines are appended", self.directory, files)
         return self
 
     async def __aexit__(
@@ -599,6 +606,11 @@ class TrajectoryDumper:
             for directory in opened:
                 os.close(directory)
         return written, None
+
+
+def _count_dump_files(directory: Path) -> int:
+    """The ``.jsonl`` files under ``directory`` (symlinks not followed; none if it does not exist)."""
+    return sum(name.endswith(".jsonl") for _, _, names in os.walk(directory) for name in names)
 
 
 def _write_line(fd: int, data: bytes) -> None:
