@@ -28,7 +28,11 @@ Run it (under a minute on two CPU cores, most of it start-up and evaluation)::
     python examples/train_grpo.py --steps 60 --seed 0 --out-dir /tmp/grpo
 
 It prints one line per step and writes ``reward_curve.csv`` and ``reward_curve.png`` in
-``--out-dir``. ``--device cuda`` runs the same loop on a GPU.
+``--out-dir``. ``--device cuda`` runs the same loop on a GPU. ``--dump DIR`` also writes
+every training trajectory as JSONL under ``DIR`` (one folder per weight version, so one
+per step), which ``rollout-trio inspect DIR`` reports version by version::
+
+    python examples/train_grpo.py --steps 10 --dump /tmp/grpo_dump && rollout-trio inspect /tmp/grpo_dump
 """
 
 from __future__ import annotations
@@ -222,6 +226,7 @@ async def train(
     eval_prompts: int = 32,
     eval_samples: int = 4,
     device: str = "cpu",
+    dump_dir: Path | None = None,
     log: Any = print,
 ) -> TrainResult:
     """Train the tiny model with GRPO; evaluate before and after on a fixed prompt set.
@@ -234,6 +239,9 @@ async def train(
     run, and no generation runs while weights change (``max_head_offpolicyness`` 0), so
     the behaviour logprobs are the trainer's own: the curve is the same bit for bit, at
     the cost of the overlap of generation and training.
+
+    ``dump_dir``: the executor dumps every training trajectory under
+    ``dump_dir/train_grpo/seed{seed}/``, in one folder per weight version.
     """
     if reproducible:
         max_head_offpolicyness = 0
@@ -256,8 +264,12 @@ async def train(
             max_concurrent_rollouts=2 * groups_per_batch,
             max_head_offpolicyness=max_head_offpolicyness,
             seed=seed if reproducible else None,
+            dump_to_file=dump_dir is not None,
+            fileroot=None if dump_dir is None else str(dump_dir),
+            experiment_name="train_grpo",
+            trial_name=f"seed{seed}",
         )
-        async with open_executor(engine, config) as executor:
+        async with open_executor(engine, config, tokenizer=tokenizer) as executor:
             for step in range(steps):
                 version = engine.get_version()
                 groups, stale = await fresh_groups(
@@ -346,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out-dir", type=Path, default=Path("grpo_out"))
+    p.add_argument(
+        "--dump", metavar="DIR", type=Path, default=None,
+        help="write every training trajectory as JSONL under DIR, one folder per version (default: no dump)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -361,10 +377,13 @@ def main(argv: list[str] | None = None) -> int:
             eval_prompts=args.eval_prompts,
             eval_samples=args.eval_samples,
             device=args.device,
+            dump_dir=args.dump,
         )
     )
     csv_path, png_path = write_outputs(result, args.out_dir)
     print(f"{len(result.steps)} steps in {result.seconds:.1f} s; wrote {csv_path} and {png_path}")
+    if args.dump is not None:
+        print(f"trajectories dumped under {args.dump}; see them with: rollout-trio inspect {args.dump}")
     return 0
 
 

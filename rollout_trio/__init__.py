@@ -3,60 +3,69 @@
 Workflows are plain ``async def workflow(engine, data)`` functions (or classes with
 ``arun_episode``) that return a :class:`Trajectory`, a plain tensor dict, a dict of
 :class:`Interaction` objects, or ``None`` to reject the rollout.
+
+The names below load on first use (``rollout_trio.Trajectory``, ``from rollout_trio import
+Trajectory``): ``import rollout_trio`` alone imports neither torch nor transformers, so the
+``rollout-trio`` command answers ``--help`` at once.
 """
 
-from . import workflow_context as workflow_context
-from ._config import GenerationConfig as GenerationConfig
-from ._convert import converter as converter
-from ._convert import from_json as from_json
-from ._convert import to_json as to_json
-from ._errors import EngineConnectError as EngineConnectError
-from ._errors import EngineError as EngineError
-from ._errors import EngineLocalError as EngineLocalError
-from ._errors import EngineProtocolError as EngineProtocolError
-from ._errors import EngineServerError as EngineServerError
-from ._errors import EngineTimeoutError as EngineTimeoutError
-from ._errors import FleetError as FleetError
-from ._errors import GroupRolloutError as GroupRolloutError
-from ._errors import RewardValueError as RewardValueError
-from ._errors import RolloutError as RolloutError
-from ._errors import ServerUnavailableError as ServerUnavailableError
-from ._errors import UnsupportedRequestError as UnsupportedRequestError
-from ._errors import VersionMismatchError as VersionMismatchError
-from ._errors import WorkflowContractError as WorkflowContractError
-from .executor import ExecutorFailed as ExecutorFailed
-from .executor import ExecutorObserver as ExecutorObserver
-from .executor import RolloutConfig as RolloutConfig
-from .executor import RolloutExecutor as RolloutExecutor
-from .executor import SyncRolloutExecutor as SyncRolloutExecutor
-from .executor import TrajectoryDumper as TrajectoryDumper
-from .executor import read_dump as read_dump
-from .executor import open_executor as open_executor
-from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
-from ._assemble import GroupStatistics as GroupStatistics
-from ._group import run_group as run_group
-from ._interaction import Interaction as Interaction
-from ._interaction import interactions_to_trajectory as interactions_to_trajectory
-from ._io import ModelRequest as ModelRequest
-from ._normalize import NormConfig as NormConfig
-from ._normalize import normalize_advantages as normalize_advantages
-from ._normalize import normalize_rewards as normalize_rewards
-from ._io import ModelResponse as ModelResponse
-from ._padding import concat_trajectories as concat_trajectories
-from ._padding import split_trajectories as split_trajectories
-from ._rollout_group import RolloutGroup as RolloutGroup
-from ._trajectory import Trajectory as Trajectory
-from ._check import check_trajectory_format as check_trajectory_format
+import importlib as _importlib
+import typing as _typing
+
 from ._util import fixup_module_metadata as _fixup_module_metadata
-from ._workflow import AgentWorkflow as AgentWorkflow
-from ._workflow import RolloutWorkflow as RolloutWorkflow
-from ._workflow import resolve_workflow as resolve_workflow
-from .agents import AgentRolloutWorkflow as AgentRolloutWorkflow
-from .agents import OpenAIEndpoint as OpenAIEndpoint
-from .rewards import RewardFunction as RewardFunction
-from .rewards import RewardTimeoutError as RewardTimeoutError
-from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
-from .workflows import RLVRWorkflow as RLVRWorkflow
+
+if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ imports each name on first use
+    from . import workflow_context as workflow_context
+    from ._assemble import GroupStatistics as GroupStatistics
+    from ._check import check_trajectory_format as check_trajectory_format
+    from ._config import GenerationConfig as GenerationConfig
+    from ._convert import converter as converter
+    from ._convert import from_json as from_json
+    from ._convert import to_json as to_json
+    from ._errors import EngineConnectError as EngineConnectError
+    from ._errors import EngineError as EngineError
+    from ._errors import EngineLocalError as EngineLocalError
+    from ._errors import EngineProtocolError as EngineProtocolError
+    from ._errors import EngineServerError as EngineServerError
+    from ._errors import EngineTimeoutError as EngineTimeoutError
+    from ._errors import FleetError as FleetError
+    from ._errors import GroupRolloutError as GroupRolloutError
+    from ._errors import RewardValueError as RewardValueError
+    from ._errors import RolloutError as RolloutError
+    from ._errors import ServerUnavailableError as ServerUnavailableError
+    from ._errors import UnsupportedRequestError as UnsupportedRequestError
+    from ._errors import VersionMismatchError as VersionMismatchError
+    from ._errors import WorkflowContractError as WorkflowContractError
+    from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
+    from ._group import run_group as run_group
+    from ._interaction import Interaction as Interaction
+    from ._interaction import interactions_to_trajectory as interactions_to_trajectory
+    from ._io import ModelRequest as ModelRequest
+    from ._io import ModelResponse as ModelResponse
+    from ._normalize import NormConfig as NormConfig
+    from ._normalize import normalize_advantages as normalize_advantages
+    from ._normalize import normalize_rewards as normalize_rewards
+    from ._padding import concat_trajectories as concat_trajectories
+    from ._padding import split_trajectories as split_trajectories
+    from ._rollout_group import RolloutGroup as RolloutGroup
+    from ._trajectory import Trajectory as Trajectory
+    from ._workflow import AgentWorkflow as AgentWorkflow
+    from ._workflow import RolloutWorkflow as RolloutWorkflow
+    from ._workflow import resolve_workflow as resolve_workflow
+    from .agents import AgentRolloutWorkflow as AgentRolloutWorkflow
+    from .agents import OpenAIEndpoint as OpenAIEndpoint
+    from .executor import ExecutorFailed as ExecutorFailed
+    from .executor import ExecutorObserver as ExecutorObserver
+    from .executor import RolloutConfig as RolloutConfig
+    from .executor import RolloutExecutor as RolloutExecutor
+    from .executor import SyncRolloutExecutor as SyncRolloutExecutor
+    from .executor import TrajectoryDumper as TrajectoryDumper
+    from .executor import open_executor as open_executor
+    from .executor import read_dump as read_dump
+    from .rewards import RewardFunction as RewardFunction
+    from .rewards import RewardTimeoutError as RewardTimeoutError
+    from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
+    from .workflows import RLVRWorkflow as RLVRWorkflow
 
 __version__ = "0.1.0"
 
@@ -114,5 +123,90 @@ __all__ = [
     "workflow_context",
 ]
 
-_fixup_module_metadata(__name__, globals())
-del _fixup_module_metadata
+#: public name -> (module, attribute); attribute None: the module itself.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "AgentRolloutWorkflow": (".agents", "AgentRolloutWorkflow"),
+    "AgentWorkflow": ("._workflow", "AgentWorkflow"),
+    "check_trajectory_format": ("._check", "check_trajectory_format"),
+    "concat_trajectories": ("._padding", "concat_trajectories"),
+    "converter": ("._convert", "converter"),
+    "EngineConnectError": ("._errors", "EngineConnectError"),
+    "EngineError": ("._errors", "EngineError"),
+    "EngineLocalError": ("._errors", "EngineLocalError"),
+    "EngineProtocolError": ("._errors", "EngineProtocolError"),
+    "EngineServerError": ("._errors", "EngineServerError"),
+    "EngineTimeoutError": ("._errors", "EngineTimeoutError"),
+    "ExecutorFailed": (".executor", "ExecutorFailed"),
+    "ExecutorObserver": (".executor", "ExecutorObserver"),
+    "FleetError": ("._errors", "FleetError"),
+    "from_json": ("._convert", "from_json"),
+    "GenerationConfig": ("._config", "GenerationConfig"),
+    "GroupedRolloutWorkflow": ("._group", "GroupedRolloutWorkflow"),
+    "GroupRolloutError": ("._errors", "GroupRolloutError"),
+    "GroupStatistics": ("._assemble", "GroupStatistics"),
+    "Interaction": ("._interaction", "Interaction"),
+    "interactions_to_trajectory": ("._interaction", "interactions_to_trajectory"),
+    "ModelRequest": ("._io", "ModelRequest"),
+    "ModelResponse": ("._io", "ModelResponse"),
+    "MultiTurnWorkflow": (".workflows", "MultiTurnWorkflow"),
+    "normalize_advantages": ("._normalize", "normalize_advantages"),
+    "normalize_rewards": ("._normalize", "normalize_rewards"),
+    "NormConfig": ("._normalize", "NormConfig"),
+    "open_executor": (".executor", "open_executor"),
+    "OpenAIEndpoint": (".agents", "OpenAIEndpoint"),
+    "read_dump": (".executor", "read_dump"),
+    "resolve_workflow": ("._workflow", "resolve_workflow"),
+    "RewardFunction": (".rewards", "RewardFunction"),
+    "RewardTimeoutError": (".rewards", "RewardTimeoutError"),
+    "RewardValueError": ("._errors", "RewardValueError"),
+    "RLVRWorkflow": (".workflows", "RLVRWorkflow"),
+    "RolloutConfig": (".executor", "RolloutConfig"),
+    "RolloutError": ("._errors", "RolloutError"),
+    "RolloutExecutor": (".executor", "RolloutExecutor"),
+    "RolloutGroup": ("._rollout_group", "RolloutGroup"),
+    "RolloutWorkflow": ("._workflow", "RolloutWorkflow"),
+    "run_group": ("._group", "run_group"),
+    "ServerUnavailableError": ("._errors", "ServerUnavailableError"),
+    "split_trajectories": ("._padding", "split_trajectories"),
+    "SyncRolloutExecutor": (".executor", "SyncRolloutExecutor"),
+    "to_json": ("._convert", "to_json"),
+    "Trajectory": ("._trajectory", "Trajectory"),
+    "TrajectoryDumper": (".executor", "TrajectoryDumper"),
+    "UnsupportedRequestError": ("._errors", "UnsupportedRequestError"),
+    "VersionMismatchError": ("._errors", "VersionMismatchError"),
+    "workflow_context": (".workflow_context", None),
+    "WorkflowContractError": ("._errors", "WorkflowContractError"),
+}
+
+
+
+def _load() -> None:
+    """Import every public name, then make each report ``rollout_trio`` as its module.
+
+    All at once, as the eager imports did: a name rewritten to ``rollout_trio`` before
+    another module has read its annotations would send them to this namespace, so the
+    rewrite waits until every module is in, and leaves every public name here.
+    """
+    values: dict[str, _typing.Any] = {}
+    for name, (module_name, attribute) in _LAZY.items():
+        module = _importlib.import_module(module_name, __name__)
+        values[name] = module if attribute is None else getattr(module, attribute)
+    globals().update(values)  # later lookups skip __getattr__
+    _fixup_module_metadata(__name__, values)
+
+
+if not _typing.TYPE_CHECKING:  # hidden from type checkers, which would otherwise accept any attribute
+
+    def __getattr__(name: str) -> _typing.Any:
+        """The first public name used imports them all (a module alone: ``from . import workflow_context``)."""
+        if name not in _LAZY:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module_name, attribute = _LAZY[name]
+        if attribute is None:
+            return _importlib.import_module(module_name, __name__)
+        _load()
+        return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,6 +2,10 @@
 
 import sys
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C at once: as the command would say it
+    print("rollout-trio: interrupted while starting; nothing ran", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -8,6 +8,7 @@ case here fails ``test_every_flag_has_a_bad_value_case``.
 
 import argparse
 import importlib
+import json
 import os
 import re
 import signal
@@ -50,6 +51,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--episode-timeout": (["--episode-timeout", "inf"], 2, "--episode-timeout: must be a finite number > 0"),
         "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
         "--dump": (["--dump", "/dev/null/dumps"], 1, "--dump /dev/null/dumps: cannot create the directory: Not a directory"),
+        "--no-progress": (["--no-progress=1"], 2, "--progress/--no-progress: ignored explicit argument '1'"),
     },
     "serve": {
         "--debug": (["--debug=1"], 2, "--debug: ignored explicit argument '1'"),
@@ -172,6 +174,34 @@ def test_every_option_shows_its_default_in_plain_text(capsys, command):
     for entry in entries:
         if not entry.lstrip().startswith("-h, --help"):
             assert "(default" in " ".join(entry.split()), entry
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_shows_its_default_once(capsys, command):
+    assert main([command, "--help"]) == 0
+    entries = re.split(r"\n  (?=-)", capsys.readouterr().out.split("options:\n", 1)[1])
+    for entry in entries:
+        if not entry.lstrip().startswith("-h, --help"):
+            assert " ".join(entry.split()).count("default:") == 1, entry
+
+
+def test_help_and_version_import_neither_torch_nor_transformers():
+    """--help and --version answer at once: the heavy imports wait until a command runs."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from rollout_trio.cli import COMMANDS, main\n"
+        "loaded = {}\n"
+        "for argv in [['--help'], ['--version'], *([c, '--help'] for c in COMMANDS), *([c, '--version'] for c in COMMANDS)]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        main(argv)\n"
+        "    loaded[' '.join(argv)] = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(json.dumps(loaded))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert len(loaded) == 2 + 2 * len(COMMANDS)
+    assert {argv: mods for argv, mods in loaded.items() if mods} == {}
 
 
 def test_top_level_help_lists_every_command_with_its_description(capsys):

@@ -256,6 +256,23 @@ async def test_case22_dumps_of_one_task_and_version_append(tmp_path, dumper):
     assert [r["accepted"] for r in lines_of(tmp_path / "e/t/rollout/0/9.jsonl")] == [True, False]
 
 
+async def test_a_second_dump_into_one_directory_warns_and_appends(tmp_path, caplog):
+    t = traj([[1, 2]], [[0, 1]], [[-1, 0]])
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.dump"):
+        async with TrajectoryDumper(tmp_path, "e", "t", FakeTok()) as first:
+            await first.dump(t, task_id=1)
+            await first.dump(t, task_id=2)
+        assert caplog.records == []  # a new directory: nothing to say
+        async with TrajectoryDumper(tmp_path, "e", "t", FakeTok()) as second:
+            await second.dump(t, task_id=1)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"trajectory dump directory {tmp_path.resolve() / 'e' / 't'} already holds 2 dumped files; new lines are appended"
+    )
+    assert len(lines_of(tmp_path / "e/t/rollout/0/1.jsonl")) == 2  # appended, not refused
+
+
 async def test_case23_what_is_not_dumped_returns_false_and_is_counted(tmp_path, dumper, caplog):
     ok = {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 1]]), "loss_mask": torch.tensor([[0, 1]])}
     with caplog.at_level(logging.WARNING, logger="rollout_trio.dump"):

@@ -51,6 +51,8 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def test_root_all_lists_exactly_the_public_names():
+    for name in rollout_trio.__all__:  # the names load on first use; each one must
+        getattr(rollout_trio, name)
     public = {
         name for name, value in vars(rollout_trio).items()
         if not name.startswith("_") and (not inspect.ismodule(value) or name == "workflow_context")
@@ -102,3 +104,56 @@ def test_the_package_imports_without_test_tools_and_strategies_name_the_extra():
 def test_a_hanging_test_dumps_its_stacks(pytestconfig):
     """faulthandler_timeout is set, so a test that hangs prints every thread's stack."""
     assert float(pytestconfig.getini("faulthandler_timeout")) > 0
+
+
+# -- the root loads lazily: `import rollout_trio` is cheap, every name still works ------------
+
+
+def _in_fresh_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_importing_the_root_imports_neither_torch_nor_transformers():
+    out = _in_fresh_python(
+        "import sys, rollout_trio\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        "print(rollout_trio.Trajectory.__module__, 'torch' in sys.modules)\n"
+    )
+    assert out.splitlines() == ["[]", "rollout_trio True"]
+
+
+def test_star_import_and_dir_give_every_public_name():
+    out = _in_fresh_python(
+        "import rollout_trio\n"
+        "names = dir(rollout_trio)\n"
+        "ns = {}\n"
+        "exec('from rollout_trio import *', ns)\n"
+        "print(sorted(n for n in ns if not n.startswith('_')) == sorted(rollout_trio.__all__))\n"
+        "print(set(rollout_trio.__all__) <= set(names))\n"
+    )
+    assert out.split() == ["True", "True"]
+
+
+def test_an_unknown_root_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'Trajectroy'"):
+        rollout_trio.Trajectroy  # noqa: B018
+
+
+def test_type_checkers_see_the_same_names_the_root_loads():
+    """The TYPE_CHECKING imports and the lazy table name the same objects."""
+    import ast
+
+    tree = ast.parse((Path(rollout_trio.__file__)).read_text())
+    seen = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not isinstance(node.test, ast.UnaryOp):
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom)
+                for alias in imp.names:
+                    assert alias.asname == alias.name  # `from .x import Y as Y`: an explicit re-export
+                    module = "." * imp.level + (imp.module or "")
+                    seen[alias.name] = (module, alias.name) if imp.module else (module + alias.name, None)
+    assert seen == rollout_trio._LAZY
+    assert sorted(seen) == sorted(rollout_trio.__all__)

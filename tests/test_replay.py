@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,24 @@ def test_main_job_dump_reproduces(dump_dir, capsys):
     assert [line.split()[:2] for line in out[:5]] == [["task", str(k)] for k in range(5)]
     assert all(line.endswith("3 rows reproduce") for line in out[:5])
     assert out[-1] == "5 tasks replayed: 5 reproduce, 0 differ"
+
+
+def test_a_workflow_module_in_the_current_directory_is_found(dump_dir, tmp_path):
+    """As for ``python -m``, though the console script's sys.path lacks the current directory."""
+    (tmp_path / "my_workflow.py").write_text(
+        "from rollout_trio import GenerationConfig\n"
+        "from rollout_trio.workflows import arithmetic_reward, rlvr_workflow\n\n"
+        "def factory(tokenizer):\n"
+        f"    return rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens={MAX_NEW_TOKENS}))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    # -P: no current directory on sys.path, as under the `rollout-trio` console script
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "rollout_trio", "replay", str(dump_dir), "--workflow", "my_workflow:factory", "--task", "0"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(root)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "1 tasks replayed: 1 reproduce, 0 differ"
 
 
 def test_a_changed_reward_function_is_reported_per_row(dump_dir, capsys):

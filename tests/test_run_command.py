@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from rollout_trio.executor import read_dump
 
@@ -63,3 +66,72 @@ def test_bad_numbers_are_usage_errors() -> None:
     for args in (["--episode-timeout", "0"], ["--max-head-offpolicyness", "-1"], ["--consumer-batch-size", "0"]):
         proc = run_cli(*args)
         assert proc.returncode == 2 and "must be" in proc.stderr, args
+
+
+def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
+    """Start ``rollout-trio run``, send SIGINT once ``-X importtime`` shows ``marker`` imported."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        seen = []
+        while not (seen and marker.search(seen[-1])):
+            line = proc.stderr.readline()
+            assert line, f"exited before {marker.pattern} was imported: {''.join(seen[-5:])}"
+            seen.append(line)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(seen) + err
+
+
+@pytest.mark.parametrize(
+    "marker",
+    # trio part-way in: the command's module loads (its parser needs trio's types); then torch part-way in
+    [r"\| +trio\._\w+$", r"\| +torch\.\w+$"],
+    ids=["loading-the-command", "loading-torch"],
+)
+def test_ctrl_c_while_starting_is_one_line_and_130(marker: str) -> None:
+    status, err = _interrupt_once_importing(re.compile(marker))
+    assert status == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert said == ["rollout-trio run: interrupted while starting; nothing ran"], said
+
+
+def test_progress_bar_on_request(tmp_path: Path) -> None:
+    shown = run_cli("--groups", "3", "--group-size", "2", "--progress")
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"\d+/3 \[", shown.stderr) and "group/s" in shown.stderr, shown.stderr
+    assert len(re.findall(r"^ +\d+  What is", shown.stdout, re.M)) == 3, shown.stdout  # every group's line still there
+    hidden = run_cli("--groups", "3", "--group-size", "2", "--no-progress")
+    assert hidden.returncode == 0 and "group/s" not in hidden.stderr, hidden.stderr
+
+
+def test_loading_a_checkpoint_shows_no_transformers_progress_bar(tmp_path: Path) -> None:
+    from rollout_trio.models import tiny_model
+
+    model, tokenizer = tiny_model()
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    proc = run_cli("--model", str(tmp_path), "--groups", "1", "--group-size", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr, proc.stderr
+
+
+def test_dumping_twice_into_one_directory_says_so_once(tmp_path: Path) -> None:
+    first = run_cli("--groups", "2", "--group-size", "2", "--dump", str(tmp_path))
+    assert first.returncode == 0 and "already holds" not in first.stderr, first.stderr
+    second = run_cli("--groups", "2", "--group-size", "2", "--dump", str(tmp_path))
+    assert second.returncode == 0, second.stderr
+    trial = tmp_path.resolve() / "run" / "seed0"
+    assert second.stderr.splitlines() == [
+        f"rollout-trio run: warning: trajectory dump directory {trial} already holds 2 dumped files; new lines are appended"
+    ]
+    assert len(read_dump(trial)) == 8  # both runs' rows: appended, not refused

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -59,9 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if first.startswith("-"):
         return _usage_error(f"unknown option {first!r} before the command")
     if first not in COMMANDS:
+        import difflib
+
         close = difflib.get_close_matches(first, COMMANDS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; the commands are {', '.join(COMMANDS)}"
         return _usage_error(f"unknown command {first!r}{hint}")
     module, function, _ = COMMANDS[first]
-    entry = getattr(importlib.import_module(module, __name__), function)
-    return int(entry(rest))
+    try:  # the command's module is light: it imports torch only once its options parsed
+        entry = getattr(importlib.import_module(module, __name__), function)
+        return int(entry(rest))
+    except KeyboardInterrupt:  # the command reports a Ctrl-C once it runs: this one came before
+        print(f"{_PROG} {first}: interrupted while starting; nothing ran", file=sys.stderr)
+        return 130  # _common.EXIT_INTERRUPTED; _common itself may be what was loading

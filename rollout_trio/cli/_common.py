@@ -6,21 +6,29 @@
   in use) is one line on stderr and exit status 1; ``--debug`` prints the full traceback
   first (:func:`run_command`).
 - Ctrl-C stops new work, aborts what is in flight, lets the command print what finished,
-  and exits with 130 (:func:`interruptible`, :func:`run_command`).
-- Every option's help shows its default, and help text is plain text (no ``rst`` markup).
+  and exits with 130 (:func:`interruptible`, :func:`run_command`). Ctrl-C while a command
+  starts (torch and transformers import, a model loads) is one line and 130 as well
+  (:func:`starting`).
+- ``--help`` and ``--version`` answer at once: a command's module imports torch and
+  transformers inside the functions that run after its options parsed, never at the top.
+- The library's warnings (a dump directory that already holds files) are one line each
+  on stderr, ``PROG: warning: ...``, unless logging is configured (``serve --log-level``).
+- Every option's help shows its default once, and help text is plain text (no ``rst`` markup).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import math
+import os
 import re
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
 import attrs
@@ -32,11 +40,13 @@ __all__ = [
     "EXIT_USAGE",
     "CommandError",
     "Interrupt",
+    "InterruptedWhileStarting",
     "Parser",
     "UsageError",
     "describe_exception",
     "device",
     "import_name",
+    "import_object",
     "interruptible",
     "load_model_and_tokenizer",
     "load_tokenizer",
@@ -49,6 +59,7 @@ __all__ = [
     "resolve_device",
     "run_command",
     "setup_logging",
+    "starting",
 ]
 
 EXIT_FAILURE = 1
@@ -67,15 +78,26 @@ class UsageError(CommandError):
     """Options that parse one by one but not together (exit status 2, like a parse error)."""
 
 
+class InterruptedWhileStarting(KeyboardInterrupt):
+    """Ctrl-C before a command did any work (raised by :func:`starting`)."""
+
+    def __init__(self) -> None:
+        super().__init__("interrupted while starting; nothing ran")
+
+
 # ---------------------------------------------------------------------------- parsing
 
 
+#: Help text that already states its default ("(default: none)", "%(default)s").
+_STATES_DEFAULT = re.compile(r"\bdefault:|%\(default\)")
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default (unless its help already says "(default: ...)") in plain text."""
+    """Shows each option's default once (unless its help already says "default: ...") in plain text."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "(default" in text or action.default is argparse.SUPPRESS:
+        if _STATES_DEFAULT.search(text) or action.default is argparse.SUPPRESS:
             return text
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
             return f"{text} (default: {'on' if action.default else 'off'})"
@@ -135,6 +157,25 @@ import_name = _type(
     bool,
     "MODULE:NAME (an importable module and an attribute of it)",
 )
+
+
+def import_object(spec: str) -> Any:
+    """The object an :data:`import_name` names, looking in the current directory first.
+
+    As ``python -m`` does: the console script's ``sys.path`` starts at its own directory,
+    so without this a module next to the user (``--workflow my_workflow:run``) is not found.
+    The directory stays on ``sys.path``, for the modules that one imports later.
+    """
+    module_name, _, attribute = spec.partition(":")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    obj: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 device = _type(
     "device", lambda s: s if _DEVICE.fullmatch(s) else None, bool, "cpu, cuda, cuda:N or mps"
@@ -170,10 +211,9 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
 
     ``path`` None is the built-in tiny model (a fixed one: ``--seed`` seeds sampling, not weights).
     """
-    import os
-
     from ..models import load_model, tiny_model
 
+    _quiet_transformers()
     where = resolve_device(requested_device)
     if path is None:
         model, tokenizer = tiny_model(device=where)
@@ -189,16 +229,22 @@ def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> 
 
 def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
     """A tokenizer from a local directory, or a :class:`CommandError` naming ``flag``."""
-    import os
-
     if not os.path.isdir(path):
         raise CommandError(f"{flag} {path}: no such tokenizer directory")
     from transformers import AutoTokenizer
 
+    _quiet_transformers()
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise CommandError(f"{flag} {path}: cannot load a tokenizer from it: {_one_line(str(exc))}") from exc
+
+
+def _quiet_transformers() -> None:
+    """No progress bars from transformers ("Loading weights ...") among a command's own lines."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def setup_logging(level: str) -> None:
@@ -244,22 +290,70 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error already printed
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        return _interrupted(prog, InterruptedWhileStarting())
     try:
-        return body(args)
+        with _library_warnings(prog):
+            return body(args)
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        return _interrupted(prog, exc)
     except (Exception, BaseExceptionGroup) as exc:
-        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None:
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        if isinstance(exc, BaseExceptionGroup) and (ctrl_c := exc.subgroup(KeyboardInterrupt)) is not None:
+            return _interrupted(prog, ctrl_c)
         if getattr(args, "debug", False):
             traceback.print_exception(exc)
         print(f"{prog}: error: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+class _WarningLines(logging.Handler):
+    """The library's warnings as ``PROG: warning: message``, one line each, while logging is
+    not configured (once it is, the root logger's handlers show them, in their format)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(logging.WARNING)
+        self.prog = prog
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers and bool(super().filter(record))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"{self.prog}: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _library_warnings(prog: str) -> Iterator[None]:
+    handler = _WarningLines(prog)
+    library = logging.getLogger("rollout_trio")
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+
+
+def _interrupted(prog: str, exc: BaseException) -> int:
+    if all(isinstance(leaf, InterruptedWhileStarting) for leaf in _leaves(exc)):
+        print(f"{prog}: {InterruptedWhileStarting()}", file=sys.stderr)
+    else:
+        print(f"{prog}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """Wrap a command's start-up (importing torch, loading a model): Ctrl-C there ends the
+    command with one line, "interrupted while starting; nothing ran", and exit status 130
+    (:func:`run_command` prints it), where it would otherwise print a traceback."""
+    try:
+        yield
+    except InterruptedWhileStarting:
+        raise
+    except KeyboardInterrupt:
+        raise InterruptedWhileStarting() from None
 
 
 @attrs.define

@@ -6,12 +6,15 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
-from ..executor import DumpRecord
-from ._common import CommandError, Parser, load_tokenizer, positive_int, run_command
-from ..executor._dump import MAX_LINE_BYTES, iter_dump
+from .._limits import MAX_DUMP_LINE_BYTES as MAX_LINE_BYTES
+from ._common import CommandError, Parser, load_tokenizer, positive_int, run_command, starting
+
+if TYPE_CHECKING:  # at run time the reader loads inside _inspect: `inspect --help` imports no torch
+    from ..executor import DumpRecord
 
 __all__ = ["DumpSummary", "VersionSummary", "histogram", "inspect_main", "summarize"]
 
@@ -209,7 +212,10 @@ def _parser() -> Parser:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
+    with starting():
+        from ..executor._dump import iter_dump
+
+        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
     # Statistics from light records (no tokens or texts), so a big dump fits in memory;
     # only the rows the page shows are read in full, in a second pass.
     records = list(iter_dump(args.dump_dir, light=True, max_line_bytes=args.max_line_bytes))

@@ -11,26 +11,32 @@ packing, or the reward.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from .. import workflow_context
-from .._config import GenerationConfig
-from .._interaction import Interaction, interactions_to_trajectory
-from .._trajectory import Trajectory
-from .._workflow import RolloutWorkflow, resolve_workflow
-from ..engines import ReplayEngine, ReplayMismatchError
-from ..executor import DumpRecord
-from ..executor._dump import iter_dump
-from ._common import Parser, import_name, load_tokenizer, non_negative_int, positive_int, run_command
+from ._common import (
+    Parser,
+    import_name,
+    import_object,
+    load_tokenizer,
+    non_negative_int,
+    positive_int,
+    run_command,
+    starting,
+)
+
+if TYPE_CHECKING:  # at run time these load inside the functions: `replay --help` imports no torch
+    from .._trajectory import Trajectory
+    from .._workflow import RolloutWorkflow
+    from ..engines import ReplayEngine
+    from ..executor import DumpRecord
 
 __all__ = ["compare_row", "load_workflow", "replay_main", "replay_task"]
 
@@ -110,6 +116,9 @@ def compare_row(row: Mapping[str, Any], record: DumpRecord, tokenizer: Any = Non
 
 
 def _as_trajectory(result: Any) -> Trajectory | None:
+    from .._interaction import Interaction, interactions_to_trajectory
+    from .._trajectory import Trajectory
+
     if result is None or isinstance(result, Trajectory):
         return result
     if isinstance(result, Mapping) and result and all(isinstance(v, Interaction) for v in result.values()):
@@ -123,6 +132,9 @@ async def replay_task(
     workflow: RolloutWorkflow, engine: ReplayEngine, data: Any, records: Sequence[DumpRecord], tokenizer: Any = None
 ) -> TaskReplay:
     """Run ``workflow`` on ``data`` until it has rebuilt as many rows as ``records`` (one task's dump)."""
+    from .. import workflow_context
+    from ..engines import ReplayMismatchError
+
     first = records[0]
     report = TaskReplay(first.is_eval, first.task_id, tuple(sorted({r.version for r in records})), len(records), [])
     pending = list(records)
@@ -159,16 +171,17 @@ async def replay_task(
 
 def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> RolloutWorkflow:
     """The workflow named ``module:attribute`` (a synchronous function is a factory called with
-    the tokenizer), or by default the main job's: RLVR on toy arithmetic."""
+    the tokenizer), or by default the main job's: RLVR on toy arithmetic. The module may
+    lie in the current directory, as for ``python -m``."""
+    from .._config import GenerationConfig
+    from .._workflow import resolve_workflow
+
     if spec is None:
         from ..workflows import rlvr_workflow
         from ..workflows import arithmetic_reward
 
         return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
-    module_name, _, attr = spec.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    obj = import_object(spec)
     if inspect.isfunction(obj) and not inspect.iscoroutinefunction(obj):
         obj = obj(tokenizer)
     return resolve_workflow(obj)
@@ -219,7 +232,7 @@ def _parser() -> Parser:
         type=non_negative_int,
         action="append",
         metavar="ID",
-        help="replay only this task id (repeatable; default: every task)",
+        help="replay only this task id, repeatable (default: every task)",
     )
     p.add_argument(
         "--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)"
@@ -231,6 +244,9 @@ def _parser() -> Parser:
 
 
 async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
+    from ..engines import ReplayEngine
+    from ..executor._dump import iter_dump
+
     by_task: dict[tuple[bool, int], list[DumpRecord]] = {}
     seen = 0
     for r in iter_dump(args.dump_dir):  # keep only the tasks asked for
@@ -269,12 +285,13 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.tokenizer is not None:
-        tokenizer = load_tokenizer(args.tokenizer)
-    else:
-        from ..models import byte_tokenizer
+    with starting():  # transformers loads here, once the options parsed
+        if args.tokenizer is not None:
+            tokenizer = load_tokenizer(args.tokenizer)
+        else:
+            from ..models import byte_tokenizer
 
-        tokenizer = byte_tokenizer()
+            tokenizer = byte_tokenizer()
     return trio.run(_replay, args, tokenizer)
 
 

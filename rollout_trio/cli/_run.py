@@ -7,20 +7,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
 
-import torch
 import trio
 
-from .. import workflow_context
-from .._config import GenerationConfig
-from .._stats import StatsRecorder
-from .._trajectory import Trajectory
-from ..engines import LocalEngine
-from ..executor import RolloutConfig, TaskOutcome, open_executor
-from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -35,7 +27,14 @@ from ._common import (
     port,
     positive_int,
     run_command,
+    starting,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..engines import LocalEngine
+    from ..executor import TaskOutcome
 
 __all__ = ["run_main"]
 
@@ -97,7 +96,13 @@ def _parser() -> Parser:
         "--dump",
         metavar="DIR",
         default=None,
-        help="write every trajectory as JSONL under DIR/run/<trial>/ (see docs/dumps.md; default: no dump)",
+        help="write every trajectory as JSONL under DIR/run/<trial>/, see docs/dumps.md (default: no dump)",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar of the finished groups on stderr (default: when stderr is a terminal)",
     )
     p.add_argument(
         "--metrics-port",
@@ -116,6 +121,8 @@ def _parser() -> Parser:
 
 
 def _build_engine(args: argparse.Namespace) -> LocalEngine:
+    from ..engines import LocalEngine
+
     model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
     return LocalEngine(model, tokenizer, seed=args.seed)
 
@@ -125,17 +132,44 @@ def _shown(rewards: torch.Tensor) -> str:
 
 
 class _Summary:
-    """Streams one line per finished group and counts the outcomes."""
+    """Streams one line per finished group, counts the outcomes, and moves the progress bar."""
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, groups: int) -> None:
         self.group_size = group_size
+        self.groups = groups
         self.counts: dict[str, int] = {"accepted": 0, "dropped": 0, "failed": 0}
         self.episodes = 0
+        self._bar: Any = None
 
     def header(self) -> None:
         print(f"group  question     per-slot rewards (G={self.group_size})", flush=True)
 
+    @contextmanager
+    def progress_bar(self, show: bool) -> Iterator[None]:
+        """A tqdm bar of the finished groups on stderr while the block runs (when ``show``)."""
+        if not show:
+            yield
+            return
+        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+        with tqdm(total=self.groups, unit="group", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+            self._bar = bar
+            try:
+                yield
+            finally:
+                self._bar = None
+
+    def _say(self, line: str) -> None:
+        if self._bar is None:
+            print(line, flush=True)
+            return
+        with self._bar.external_write_mode(file=sys.stdout):  # the bar steps aside for the line
+            print(line, flush=True)
+        self._bar.update(1)
+
     def on_outcome(self, outcome: TaskOutcome) -> None:
+        from .._trajectory import Trajectory
+
         if outcome.status == "cancelled":
             return
         k = outcome.data["index"]
@@ -156,13 +190,19 @@ class _Summary:
             line = f"{k:>3}  {question:<12} dropped"
             self.counts["dropped"] += 1
         self.episodes += self.group_size
-        print(line, flush=True)
+        self._say(line)
 
 
 async def _run(args: argparse.Namespace) -> int:
+    with starting():  # torch and transformers load here, once the options parsed
+        from .. import workflow_context
+        from .._config import GenerationConfig
+        from .._stats import StatsRecorder
+        from ..executor import RolloutConfig, open_executor
+        from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
     prompts = [dict(p, index=k) for k, p in enumerate(arithmetic_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
-    summary = _Summary(args.group_size)
+    summary = _Summary(args.group_size, len(prompts))
     batch_size = args.consumer_batch_size or args.concurrency
     config = RolloutConfig(
         consumer_batch_size=batch_size,
@@ -195,7 +235,9 @@ async def _run(args: argparse.Namespace) -> int:
             recorder = TraceRecorder()
             observers.append(recorder)
             stack.callback(recorder.write, args.trace)  # written however the run ends
-        engine = await trio.to_thread.run_sync(_build_engine, args)
+        with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
+            engine = await trio.to_thread.run_sync(_build_engine, args)
+            await trio.lowlevel.checkpoint()
         async with engine:
             traced: Any = engine
             if recorder is not None:
@@ -208,22 +250,24 @@ async def _run(args: argparse.Namespace) -> int:
                 GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
             )
             summary.header()
-            async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
-                with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
-                    # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
-                    with workflow_context.use_seed(args.seed):
-                        async with open_executor(
-                            traced, config, tokenizer=engine.tokenizer, stats=stats, observers=observers
-                        ) as ex:
-                            remaining = len(prompts)
-                            while remaining:
-                                n = min(batch_size, remaining)
-                                await ex.prepare_batch(
-                                    prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
-                                    callback=summary.on_outcome, group_size=args.group_size,
-                                    reward_normalization=args.reward_normalization,
-                                )  # fmt: skip
-                                remaining -= n
+            show_bar = sys.stderr.isatty() if args.progress is None else args.progress
+            with summary.progress_bar(show_bar):
+                async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
+                    with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
+                        # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
+                        with workflow_context.use_seed(args.seed):
+                            async with open_executor(
+                                traced, config, tokenizer=engine.tokenizer, stats=stats, observers=observers
+                            ) as ex:
+                                remaining = len(prompts)
+                                while remaining:
+                                    n = min(batch_size, remaining)
+                                    await ex.prepare_batch(
+                                        prompts, workflow, batch_size=n, dynamic_bs=True, cycle=False, progress=False,
+                                        callback=summary.on_outcome, group_size=args.group_size,
+                                        reward_normalization=args.reward_normalization,
+                                    )  # fmt: skip
+                                    remaining -= n
     interrupted = interrupt.received
     if work.cancelled_caught and not interrupted:
         print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)

@@ -38,6 +38,7 @@ from ._common import (
     positive_int,
     run_command,
     setup_logging,
+    starting,
 )
 
 __all__ = ["serve_main"]
@@ -132,7 +133,8 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 
 async def _serve(args: argparse.Namespace, received: list[int]) -> None:
-    from ..server import ServerLimits, SGLangApp, serve_app, sglang_asgi
+    with starting():  # torch and transformers load here, once the options parsed
+        from ..server import ServerLimits, SGLangApp, serve_app, sglang_asgi
 
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
@@ -140,7 +142,9 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
         keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections,
     )
-    engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
+    with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
+        engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
+        await trio.lowlevel.checkpoint()
     async with engine, trio.open_nursery() as nursery:
         app = SGLangApp(
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer

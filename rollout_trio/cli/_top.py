@@ -34,7 +34,7 @@ def _parser() -> Parser:
     p.add_argument(
         "--api-key",
         default=os.environ.get("ROLLOUT_TRIO_API_KEY") or None,
-        help="sent as 'Authorization: Bearer KEY' (a serve started with --api-key; default: $ROLLOUT_TRIO_API_KEY)",
+        help="sent as 'Authorization: Bearer KEY' to a serve started with --api-key (default: $ROLLOUT_TRIO_API_KEY)",
     )
     return p
 

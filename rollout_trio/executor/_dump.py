@@ -39,6 +39,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from .._limits import MAX_DUMP_LINE_BYTES
 from .._trajectory import Trajectory
 
 try:
@@ -407,6 +408,10 @@ class TrajectoryDumper:
     full, permission, a file where a directory should be) is logged and counted in
     :meth:`statistics`, never raised: the trajectory itself is never lost to a dump.
 
+    Entering a dumper whose directory already holds dumped files logs a warning naming
+    the directory and how many files are there: the new lines are appended to that dump
+    (on purpose, when a run resumes; by mistake, when two runs share a trial name).
+
     Args:
         fileroot: the directory every dump lies under.
         experiment_name, trial_name: single path components matching :data:`NAME_PATTERN`.
@@ -470,7 +475,10 @@ class TrajectoryDumper:
         if self._state != "new":
             raise RuntimeError("a TrajectoryDumper can be entered once")
         self._state = "open"
-        await trio.lowlevel.checkpoint()
+        existing = await trio.to_thread.run_sync(_count_dump_files, self.directory)
+        if existing:
+            files = "1 dumped file" if existing == 1 else f"{existing} dumped files"
+            logger.warning("trajectory dump directory %s already holds %s; new lines are appended", self.directory, files)
         return self
 
     async def __aexit__(
@@ -600,6 +608,11 @@ class TrajectoryDumper:
         return written, None
 
 
+def _count_dump_files(directory: Path) -> int:
+    """The ``.jsonl`` files under ``directory`` (symlinks not followed; none if it does not exist)."""
+    return sum(name.endswith(".jsonl") for _, _, names in os.walk(directory) for name in names)
+
+
 def _write_line(fd: int, data: bytes) -> None:
     """One ``write`` (a regular file takes it whole); on failure, cut any partial line back off."""
     start = os.lseek(fd, 0, os.SEEK_END)
@@ -619,7 +632,7 @@ def _write_line(fd: int, data: bytes) -> None:
 
 #: The longest dump line :func:`read_dump` reads, in bytes (about 1M tokens with their texts).
 #: A line is parsed whole, so this bounds the memory one record may take.
-MAX_LINE_BYTES = 64 * 2**20
+MAX_LINE_BYTES = MAX_DUMP_LINE_BYTES
 
 _ROLES = ("prompt", "gen", "context")
 
