@@ -409,3 +409,14 @@ def test_the_table_orders_numbers_as_numbers_in_node():
     program = order.group() + '\nconsole.log(JSON.stringify(["10","9","nan","-1.5","2","1e-3"].sort(order)));'
     out = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == ["-1.5", "1e-3", "2", "9", "10", "nan"]
+
+
+def test_the_terminal_summary_prints_no_negative_zero(tmp_path, capsys):
+    """A mean that rounds to zero from below is printed as 0.000."""
+    import re
+
+    dump = write_reward_dump(tmp_path / "dump", {0: [-1e-9, 0.0], 1: [-0.0, 1.0]})
+    assert inspect_main([str(dump)]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"(?<![\w.])-0\.0+(?![\d])", out) == [], out
+    assert " 0.000" in out
