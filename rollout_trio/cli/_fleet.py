@@ -273,7 +273,10 @@ class Fleet:
 
     async def _start_router(self, nursery: trio.Nursery) -> str:
         if importlib.util.find_spec("sglang_router") is None:
-            raise CommandError("sglang-router is not installed: pip install -e ".[fleet]" from a rollout_trio checkout, or pip install sglang-router==0.3.2")
+            raise CommandError(
+                "sglang-router is not installed: pip install -e '.[fleet]' from a rollout_trio checkout "
+                "(or pip install sglang-router==0.3.2)"
+            )
         router_port = self.args.port or _free_port()
         metrics_port = _free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -103,6 +103,10 @@ class _InFlight:
         self.server.in_flight -= 1
 
 
+def _with_load(usable: Callable[[Server], bool], load: int) -> Callable[[Server], bool]:
+    return lambda s: usable(s) and s.in_flight == load
+
+
 class Router:
     """Picks servers; see the module docstring for the rules."""
 
@@ -143,15 +147,18 @@ class Router:
         """The next server by strategy among those up and not excluded, else among those
         not excluded, else among all. No per-request list of candidates for round robin:
         the walk from its cursor is O(1) while most servers are usable."""
-        rules = (lambda s: s.up and s not in exclude, lambda s: s not in exclude, lambda s: True)
+        rules: tuple[Callable[[Server], bool], ...] = (
+            lambda s: s.up and s not in exclude,
+            lambda s: s not in exclude,
+            lambda s: True,
+        )
         for usable in rules:
             rule = usable
             if self.strategy == "least_in_flight":
                 loads = [s.in_flight for s in self.servers if usable(s)]
                 if not loads:
                     continue
-                low = min(loads)
-                rule = lambda s, usable=usable: usable(s) and s.in_flight == low  # noqa: E731
+                rule = _with_load(usable, min(loads))
             server = self._walk(rule)
             if server is not None:
                 return server
