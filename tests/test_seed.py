@@ -10,7 +10,7 @@ import trio
 
 from rollout_trio import GenerationConfig, run_group, workflow_context
 from rollout_trio.cli import main
-from rollout_trio.cli._run import arithmetic_prompts, arithmetic_reward
+from rollout_trio.workflows import arithmetic_prompts, arithmetic_reward
 from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
 from rollout_trio.workflow_context import StatsRecorder, WorkflowContext
