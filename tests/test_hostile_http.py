@@ -159,6 +159,37 @@ def test_http2_with_60_kb_of_headers_is_refused(server: ServeProcess) -> None:
     assert_serving(server)
 
 
+def test_http2_data_after_the_answer_closes_that_stream_not_serve(server: ServeProcess) -> None:
+    """A DATA frame on a stream the server has already answered (a 404 sent before the body
+    was read; sglang-router speaks HTTP/2 to its workers) raised KeyError inside Hypercorn
+    (its issue 329 / PR 334) and stopped serve: "rollout-trio serve: error: KeyError: 1"."""
+    for _ in range(3):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        conn.initiate_connection()
+        headers = [(":method", "POST"), (":path", "/no-such-endpoint"), (":scheme", "http"), (":authority", "x"),
+                   ("content-type", "application/json")]  # fmt: skip
+        conn.send_headers(1, headers, end_stream=False)
+        conn.send_data(1, b'{"a": ')
+        answered = False
+        with socket.create_connection(("127.0.0.1", port_of(server)), timeout=20) as s:
+            s.sendall(conn.data_to_send())
+            while not answered:  # the 404, sent while the body is still open
+                data = s.recv(65536)
+                assert data, "serve closed the connection without answering"
+                for event in conn.receive_data(data):
+                    answered |= isinstance(event, h2.events.StreamEnded)
+            s.sendall(conn.data_to_send())
+            conn.send_data(1, b"1}", end_stream=True)  # the rest of the body, on the answered stream
+            s.sendall(conn.data_to_send())
+            s.settimeout(2)
+            try:
+                while s.recv(65536):
+                    pass
+            except (TimeoutError, ConnectionError):
+                pass
+    assert_serving(server)
+
+
 def test_a_trailing_slash_is_a_404_and_never_a_redirect_to_the_clients_host(server: ServeProcess) -> None:
     r = httpx.get(server.url + "/health/", headers={"host": "evil.example"}, timeout=20, follow_redirects=False)
     assert r.status_code == 404 and "location" not in r.headers

@@ -205,31 +205,35 @@ def _cut_connections(ports: set[int]) -> None:
             sock.detach()  # the descriptor stays Hypercorn's
 
 
-def _survive_busy_sends() -> None:
-    """Make a send that races Hypercorn's own ``send_eof`` end its connection, not the server.
+def _contain_connection_failures() -> None:
+    """Make an error inside one of Hypercorn's connections close that connection, not the server.
 
-    Hypercorn 0.17-0.18 sends under a lock but closes (``send_eof``) outside it; when an h2
-    connection closes while a stream still sends (sglang-router speaks HTTP/2 to its
-    workers, and a cut chunked body does it over HTTP/1.1), ``send_all`` raises
-    ``trio.BusyResourceError``, which Hypercorn does not catch, and the whole server
-    stops. No public setting avoids it, so the one method is wrapped to treat that error
-    as Hypercorn already treats a broken stream: the connection is closed.
+    Under Trio, Hypercorn runs each connection (``TCPServer.run``) in the server's nursery,
+    so an exception its protocol code does not expect stops every connection and the
+    server. Two are known in Hypercorn 0.17-0.18, each reachable by one client:
+    - ``trio.BusyResourceError``: a send racing its own ``send_eof`` when an h2 connection
+      closes while a stream still sends (sglang-router speaks HTTP/2 to its workers), or
+      a cut chunked body over HTTP/1.1;
+    - ``KeyError``: an h2 DATA frame for a stream already answered and closed (its issue
+      329, PR 334; "rollout-trio serve: error: KeyError: 1").
+    No public setting avoids them, so the one method is wrapped: such an error is logged
+    and the connection ends there (``run`` closes its stream on the way out).
+    Cancellation and KeyboardInterrupt pass through untouched.
     """
-    from hypercorn.events import Closed
     from hypercorn.trio.tcp_server import TCPServer
 
-    if getattr(TCPServer, "_rollout_trio_busy_safe", False):
+    if getattr(TCPServer, "_rollout_trio_contained", False):
         return
-    original = TCPServer.protocol_send
+    original = TCPServer.run
 
-    async def protocol_send(self: Any, event: Any) -> None:
+    async def run(self: Any) -> None:
         try:
-            await original(self, event)
-        except trio.BusyResourceError:
-            await self.protocol.handle(Closed())
+            await original(self)
+        except Exception as exc:  # an ExceptionGroup from the connection's task group too
+            log.warning("closed a connection after an error inside Hypercorn: %s: %s", type(exc).__name__, exc)
 
-    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
-    TCPServer._rollout_trio_busy_safe = True  # type: ignore[attr-defined]
+    TCPServer.run = run  # type: ignore[method-assign]
+    TCPServer._rollout_trio_contained = True  # type: ignore[attr-defined]
 
 
 async def serve_app(
@@ -255,7 +259,7 @@ async def serve_app(
     """
     from hypercorn.trio import serve  # only servers need Hypercorn: import on use
 
-    _survive_busy_sends()
+    _contain_connection_failures()
 
     ensure_capacity(limits, _open_files())
     sockets = _bind(host, port, limits.backlog)
