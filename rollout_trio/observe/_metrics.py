@@ -7,16 +7,28 @@ so two executors in one process do not collide) and registers its metrics there;
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
+import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from ..executor._observer import Status, oldest_version
 
@@ -24,6 +36,8 @@ __all__ = ["ExecutorMetrics", "ObservedTransport", "WindowRate", "result_size", 
 
 #: version lag of consumed data: exact for the usual small lags, coarse beyond.
 LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+_monotonic = time.monotonic
+_wall_time = time.time
 #: seconds of one HTTP call to an inference server.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -68,6 +82,9 @@ class _RateCollector(Collector):
 
 
 _last_size: tuple[Any, tuple[int, int, list[float]]] | None = None
+_Trajectory: Any = None  # rollout_trio.Trajectory, imported on first use (import cycles)
+#: above this many loss-mask elements one torch reduction is cheaper than a Python list.
+_LIST_SUM_MAX = 4096
 
 
 def result_size(result: Any) -> tuple[int, int, list[float]]:
@@ -84,12 +101,26 @@ def result_size(result: Any) -> tuple[int, int, list[float]]:
 
 
 def _result_size(result: Any) -> tuple[int, int, list[float]]:
-    from .._trajectory import Trajectory
+    global _Trajectory
+    if _Trajectory is None:
+        from .._trajectory import Trajectory
 
-    if isinstance(result, Trajectory):
-        rows = int(result.input_ids.shape[0]) if result.input_ids.dim() > 1 else 1
-        tokens = int(result.loss_mask.sum()) if result.loss_mask is not None else 0
-        rewards = result.rewards.reshape(-1).tolist() if result.rewards is not None else []
+        _Trajectory = Trajectory
+    if isinstance(result, _Trajectory):
+        ids = result.input_ids
+        rows = ids.shape[0] if ids.ndim > 1 else 1
+        mask = result.loss_mask
+        if mask is None:
+            tokens = 0
+        elif mask.ndim == 2 and mask.numel() <= _LIST_SUM_MAX and not mask.is_floating_point():
+            tokens = sum(map(sum, mask.tolist()))  # an integer mask: the same count as mask.sum(), no torch op
+        else:
+            tokens = int(mask.sum())
+        rewards_t = result.rewards
+        if rewards_t is None:
+            rewards = []
+        else:
+            rewards = rewards_t.tolist() if rewards_t.ndim == 1 else rewards_t.reshape(-1).tolist()
         return rows, tokens, rewards
     if isinstance(result, dict):
         tokens = 0
@@ -104,6 +135,10 @@ def _result_size(result: Any) -> tuple[int, int, list[float]]:
     return 0, 0, []
 
 
+_STATUSES = ("accepted", "rejected", "failed", "cancelled")
+_LAG_BOUNDS = tuple(float(b) for b in LAG_BUCKETS) + (math.inf,)
+
+
 class ExecutorMetrics:
     """An :class:`~rollout_trio.executor.ExecutorObserver` that keeps Prometheus metrics.
 
@@ -112,95 +147,195 @@ class ExecutorMetrics:
     ``rollout_trio_``; ``rollout_trio_reward`` is labelled by the weight version the task
     started at (one label value per version the run saw).
 
+    Each task event only updates plain Python counters (no lock, no prometheus-client
+    call: at thousands of episodes per second these dominated the cost of watching);
+    a collector registered on ``registry`` turns them into the metric families at scrape
+    time. This assumes what the executor guarantees: observer calls come from the Trio
+    thread only. A scrape from that thread (the package's HTTP server) sees a consistent
+    state; a scrape from another thread may see one event half applied, never a crash.
+    ``loop_lag`` is a real :class:`prometheus_client.Gauge` (set four times a second).
+
     Args:
         registry: where to register (default: a new registry of its own).
         rate_window: seconds over which ``*_per_second`` gauges average.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, *, rate_window: float = 10.0) -> None:
+        if not rate_window > 0:
+            raise ValueError(f"ExecutorMetrics.rate_window: must be > 0, got {rate_window!r}")
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.submitted = Counter("rollout_trio_tasks_submitted", "Tasks submitted", registry=r)
-        self.finished = Counter(
-            "rollout_trio_tasks_finished", "Tasks that ended, by status", ["status"], registry=r
+        self._created = time.time()
+        self._submitted = 0
+        self._finished: dict[str, int] = dict.fromkeys(_STATUSES, 0)  # all present at 0 from the start
+        self._buffered = 0
+        self._consumed = 0
+        self._episodes = 0
+        self._tokens = 0
+        self._version = 0
+        self._lags: dict[int, int] = {}  # lag -> how many consumed tasks had it (bucketed at scrape time)
+        self._rewards: dict[int, list[Any]] = {}  # version -> [count, sum, created], in first-seen order
+        self._started: dict[int, int] = {}  # running task -> the version it started at
+        self._queued: set[int] = set()
+        # accepted (time, episodes, tokens) of the last rate_window seconds, and their sums
+        self._window = rate_window
+        self._born = time.monotonic()
+        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._recent_episodes = 0
+        self._recent_tokens = 0
+        self.registry.register(_ExecutorCollector(self))
+        self.loop_lag = Gauge(
+            "rollout_trio_loop_lag_seconds", "How late the Trio loop woke a periodic task", registry=self.registry
         )
-        for status in ("accepted", "rejected", "failed", "cancelled"):
-            self.finished.labels(status)  # present at 0 from the start
-        self.queued = Gauge("rollout_trio_tasks_queued", "Tasks waiting for capacity", registry=r)
-        self.running = Gauge("rollout_trio_tasks_running", "Tasks whose workflow runs", registry=r)
-        self.buffered = Gauge("rollout_trio_tasks_buffered", "Accepted tasks no trainer call took yet", registry=r)
-        self.consumed = Counter("rollout_trio_tasks_consumed", "Accepted tasks a trainer call took", registry=r)
-        self.episodes = Counter("rollout_trio_episodes", "Episodes (trajectory rows) accepted", registry=r)
-        self.tokens = Counter("rollout_trio_tokens", "Generated tokens in accepted episodes", registry=r)
-        self.version = Gauge("rollout_trio_engine_version", "Engine weight version at the latest task start or consumption", registry=r)
-        self.lag = Histogram(
-            "rollout_trio_consumed_version_lag",
-            "Versions the oldest token of consumed data is behind the engine",
-            buckets=LAG_BUCKETS,
-            registry=r,
-        )
-        self.reward = Summary("rollout_trio_reward", "Episode rewards, by the version the task started at", ["version"], registry=r)
-        self.loop_lag = Gauge("rollout_trio_loop_lag_seconds", "How late the Trio loop woke a periodic task", registry=r)
-        self._episode_rate = WindowRate(rate_window)
-        self._token_rate = WindowRate(rate_window)
-        r.register(
+        self.registry.register(
             _RateCollector(
                 {
-                    "rollout_trio_episodes_per_second": ("Accepted episodes per second", self._episode_rate.per_second),
-                    "rollout_trio_tokens_per_second": ("Generated tokens per second", self._token_rate.per_second),
+                    "rollout_trio_episodes_per_second": ("Accepted episodes per second", self._episodes_per_second),
+                    "rollout_trio_tokens_per_second": ("Generated tokens per second", self._tokens_per_second),
                 }
             )
         )
-        self._started: dict[int, int] = {}
-        self._rewards: dict[int, Any] = {}  # version -> its labelled summary (labels() costs a lock and a dict)
-        self._queued: set[int] = set()
 
     # -- ExecutorObserver ------------------------------------------------------------------
 
     def task_queued(self, task_id: int, *, is_eval: bool, time: float) -> None:
-        self.submitted.inc()
+        self._submitted += 1
         self._queued.add(task_id)
-        self.queued.inc()
 
     def task_started(self, task_id: int, *, version: int, time: float) -> None:
-        self._leave_queue(task_id)
+        self._queued.discard(task_id)
         self._started[task_id] = version
-        self.running.inc()
-        self.version.set(version)
+        self._version = version
 
     def task_finished(self, task_id: int, *, status: Status, reason: str | None, result: Any, time: float) -> None:
-        self._leave_queue(task_id)
+        self._queued.discard(task_id)
         version = self._started.pop(task_id, None)
-        if version is not None:
-            self.running.dec()
-        self.finished.labels(status).inc()
+        finished = self._finished
+        finished[status] = finished.get(status, 0) + 1
         if status != "accepted":
             return
-        self.buffered.inc()
+        self._buffered += 1
         episodes, tokens, rewards = result_size(result)
-        self.episodes.inc(episodes)
-        self.tokens.inc(tokens)
-        self._episode_rate.add(episodes)
-        self._token_rate.add(tokens)
+        self._episodes += episodes
+        self._tokens += tokens
+        now = _monotonic()
+        recent = self._recent
+        recent.append((now, episodes, tokens))
+        self._recent_episodes += episodes
+        self._recent_tokens += tokens
+        if recent[0][0] <= now - self._window:
+            self._expire(now)  # memory stays bounded by the window even when nobody scrapes
         if rewards:
             if version is None:  # started before this observer was attached
                 version = oldest_version(result) or 0
-            summary = self._rewards.get(version)
-            if summary is None:
-                summary = self._rewards[version] = self.reward.labels(str(version))
-            for value in rewards:
-                summary.observe(value)
+            acc = self._rewards.get(version)
+            if acc is None:
+                acc = self._rewards[version] = [0, 0.0, _wall_time()]
+            total = acc[1]
+            for value in rewards:  # in order, as Summary.observe added them: the same float sum
+                total += value
+            acc[0] += len(rewards)
+            acc[1] = total
 
     def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
-        self.buffered.dec()
-        self.consumed.inc()
-        self.lag.observe(lag)
-        self.version.set(version)
+        self._buffered -= 1
+        self._consumed += 1
+        lags = self._lags
+        lags[lag] = lags.get(lag, 0) + 1
+        self._version = version
 
-    def _leave_queue(self, task_id: int) -> None:
-        if task_id in self._queued:
-            self._queued.discard(task_id)
-            self.queued.dec()
+    # -- scrape time -----------------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        recent = self._recent
+        horizon = now - self._window
+        while recent and recent[0][0] <= horizon:
+            _, episodes, tokens = recent.popleft()
+            self._recent_episodes -= episodes
+            self._recent_tokens -= tokens
+
+    def _per_second(self, recent_sum: str) -> float:
+        now = _monotonic()
+        self._expire(now)
+        span = min(self._window, now - self._born)
+        return float(getattr(self, recent_sum)) / span if span > 0 else 0.0
+
+    def _episodes_per_second(self) -> float:
+        return self._per_second("_recent_episodes")
+
+    def _tokens_per_second(self) -> float:
+        return self._per_second("_recent_tokens")
+
+    def _families(self, describe: bool = False) -> Iterator[Metric]:
+        """The metric families, in the order (and with the samples) of the former prometheus metrics."""
+        created = self._created if _created_series() else None
+        counter, gauge = CounterMetricFamily, GaugeMetricFamily
+
+        def one(family: Any, name: str, doc: str, value: float) -> Any:
+            f = family(name, doc, labels=[])
+            if not describe:
+                if family is counter:
+                    f.add_metric([], float(value), created)
+                else:
+                    f.add_metric([], float(value))
+            return f
+
+        yield one(counter, "rollout_trio_tasks_submitted", "Tasks submitted", self._submitted)
+        finished = counter("rollout_trio_tasks_finished", "Tasks that ended, by status", labels=["status"])
+        if not describe:
+            for status, count in list(self._finished.items()):
+                finished.add_metric([status], float(count), created)
+        yield finished
+        yield one(gauge, "rollout_trio_tasks_queued", "Tasks waiting for capacity", len(self._queued))
+        yield one(gauge, "rollout_trio_tasks_running", "Tasks whose workflow runs", len(self._started))
+        yield one(gauge, "rollout_trio_tasks_buffered", "Accepted tasks no trainer call took yet", self._buffered)
+        yield one(counter, "rollout_trio_tasks_consumed", "Accepted tasks a trainer call took", self._consumed)
+        yield one(counter, "rollout_trio_episodes", "Episodes (trajectory rows) accepted", self._episodes)
+        yield one(counter, "rollout_trio_tokens", "Generated tokens in accepted episodes", self._tokens)
+        yield one(
+            gauge, "rollout_trio_engine_version", "Engine weight version at the latest task start or consumption", self._version
+        )
+        lag = HistogramMetricFamily(
+            "rollout_trio_consumed_version_lag", "Versions the oldest token of consumed data is behind the engine", labels=[]
+        )
+        if not describe:
+            counts = [0] * len(_LAG_BOUNDS)
+            lag_sum = 0.0
+            for value, n in list(self._lags.items()):
+                counts[bisect.bisect_left(_LAG_BOUNDS, value)] += n
+                lag_sum += value * n
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(floatToGoString(b), float(c)) for b, c in zip(_LAG_BOUNDS, cumulative, strict=True)]
+            lag.add_metric([], buckets, float(lag_sum))
+            if created is not None:  # the families of custom collectors take no created time
+                lag.samples.append(Sample(lag.name + "_created", {}, created, None))
+        yield lag
+        reward = SummaryMetricFamily(
+            "rollout_trio_reward", "Episode rewards, by the version the task started at", labels=["version"]
+        )
+        if not describe:
+            for version, (count, total, born) in list(self._rewards.items()):
+                reward.add_metric([str(version)], count, total)
+                if created is not None:
+                    reward.samples.append(Sample(reward.name + "_created", {"version": str(version)}, born, None))
+        yield reward
+
+
+def _created_series() -> bool:
+    """Whether prometheus-client emits ``*_created`` samples (``PROMETHEUS_DISABLE_CREATED_SERIES``)."""
+    return bool(getattr(prometheus_metrics, "_use_created", True))
+
+
+class _ExecutorCollector(Collector):
+    """The :class:`ExecutorMetrics` families, built from its counters when scraped."""
+
+    def __init__(self, metrics: ExecutorMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:  # the names, so that the registry refuses duplicates
+        return list(self._metrics._families(describe=True))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._metrics._families())
 
 
 async def watch_loop_lag(gauge: Gauge, interval: float = 0.25) -> None:
