@@ -19,7 +19,7 @@ from typing import Any, Self
 
 import trio
 
-from .. import workflow_context
+from ..workflow_context import get as _current_context
 from .._io import ModelRequest, ModelResponse
 from ..engines._protocol import InferenceEngine, WeightsSource
 from ..executor._observer import Status
@@ -31,20 +31,79 @@ _PID = 1
 _SLOTS = 1000  # track ids: task * _SLOTS for the task, + 1 + slot for a slot's generations
 
 
+_QUEUED, _STARTED, _FINISHED, _CONSUMED, _GENERATION = range(5)
+
+
 class TraceRecorder:
     """Records every task's lifecycle (an :class:`~rollout_trio.executor.ExecutorObserver`).
 
     :meth:`write` saves what was recorded; :func:`open_trace` does it when a block ends.
     Memory grows with the events recorded (a few per task and one per generation).
+
+    Each call only appends a tuple of its arguments to a log (no dict, no formatting: at
+    thousands of episodes per second that was most of the cost of tracing); :attr:`events`,
+    :meth:`trace` and :meth:`write` turn the log into Chrome trace events first. Like the
+    executor's observer calls, everything runs on the Trio thread.
     """
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self._log: list[tuple[Any, ...]] = []
+        self._events: list[dict[str, Any]] = []
         self._origin: float | None = None
         self._queued: dict[int, float] = {}
         self._started: dict[int, tuple[float, int]] = {}
         self._buffered: dict[int, float] = {}
         self._named: set[int] = set()
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The Chrome trace events recorded so far (metadata, slices and instants, in order)."""
+        self._format()
+        return self._events
+
+    # -- ExecutorObserver ------------------------------------------------------------------
+
+    def task_queued(self, task_id: int, *, is_eval: bool, time: float) -> None:
+        self._log.append((_QUEUED, task_id, is_eval, time))
+
+    def task_started(self, task_id: int, *, version: int, time: float) -> None:
+        self._log.append((_STARTED, task_id, version, time))
+
+    def task_finished(self, task_id: int, *, status: Status, reason: str | None, result: Any, time: float) -> None:
+        rewards = result_size(result)[2] if result is not None else None  # not the result: it is freed once taken
+        self._log.append((_FINISHED, task_id, status, reason, rewards, time))
+
+    def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
+        self._log.append((_CONSUMED, task_id, version, lag, time))
+
+    # -- generations (from TracedEngine) -----------------------------------------------------
+
+    def generation(self, request: ModelRequest, response: ModelResponse | None, start: float, end: float) -> None:
+        """Record one ``agenerate`` call of the current task (None response: it raised)."""
+        ctx = _current_context()
+        if response is None:
+            self._log.append((_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids), None))
+        else:
+            done = (len(response.output_tokens), response.stop_reason, sorted(set(response.output_versions)))
+            self._log.append((_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids), done))
+
+    # -- formatting (when the events are read) -----------------------------------------------
+
+    def _format(self) -> None:
+        """Turn the log into events (each entry once; the log is then emptied)."""
+        log, self._log = self._log, []
+        for entry in log:
+            kind = entry[0]
+            if kind == _QUEUED:
+                self._format_queued(*entry[1:])
+            elif kind == _STARTED:
+                self._format_started(*entry[1:])
+            elif kind == _FINISHED:
+                self._format_finished(*entry[1:])
+            elif kind == _CONSUMED:
+                self._format_consumed(*entry[1:])
+            else:
+                self._format_generation(*entry[1:])
 
     def _us(self, t: float) -> float:
         if self._origin is None:
@@ -54,68 +113,64 @@ class TraceRecorder:
     def _track(self, tid: int, name: str, sort: int) -> None:
         if tid not in self._named:
             self._named.add(tid)
-            self.events.append({"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": name}})
-            self.events.append({"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": sort}})
+            self._events.append({"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": name}})
+            self._events.append({"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid, "args": {"sort_index": sort}})
 
     def _slice(self, name: str, tid: int, start: float, end: float, cat: str, **args: Any) -> None:
         begin = self._us(start)
-        self.events.append(
+        self._events.append(
             {"ph": "X", "name": name, "cat": cat, "pid": _PID, "tid": tid, "ts": begin,
              "dur": max(0.0, round(self._us(end) - begin, 3)), "args": args}
         )  # fmt: skip
 
     def _instant(self, name: str, tid: int, t: float, cat: str, **args: Any) -> None:
-        self.events.append({"ph": "i", "s": "t", "name": name, "cat": cat, "pid": _PID, "tid": tid, "ts": self._us(t), "args": args})
+        self._events.append({"ph": "i", "s": "t", "name": name, "cat": cat, "pid": _PID, "tid": tid, "ts": self._us(t), "args": args})
 
-    # -- ExecutorObserver ------------------------------------------------------------------
-
-    def task_queued(self, task_id: int, *, is_eval: bool, time: float) -> None:
+    def _format_queued(self, task_id: int, is_eval: bool, time: float) -> None:
         self._us(time)
         self._track(task_id * _SLOTS, f"{'eval ' if is_eval else ''}task {task_id}", task_id * _SLOTS)
         self._queued[task_id] = time
 
-    def task_started(self, task_id: int, *, version: int, time: float) -> None:
+    def _format_started(self, task_id: int, version: int, time: float) -> None:
         queued = self._queued.pop(task_id, time)
         self._slice("queued", task_id * _SLOTS, queued, time, "task")
         self._started[task_id] = (time, version)
 
-    def task_finished(self, task_id: int, *, status: Status, reason: str | None, result: Any, time: float) -> None:
+    def _format_finished(
+        self, task_id: int, status: Status, reason: str | None, rewards: list[float] | None, time: float
+    ) -> None:
         tid = task_id * _SLOTS
         if task_id in self._queued:  # cancelled before it started
             self._slice("queued", tid, self._queued.pop(task_id), time, "task")
         start, version = self._started.pop(task_id, (None, None))
         if start is not None:
             self._slice("episode", tid, start, time, "task", version=version, status=status, reason=reason)
-        if result is not None:
-            episodes, tokens, rewards = result_size(result)
-            if rewards:
-                self._instant("reward", tid, time, "reward", rewards=rewards, mean=sum(rewards) / len(rewards))
+        if rewards:
+            self._instant("reward", tid, time, "reward", rewards=rewards, mean=sum(rewards) / len(rewards))
         self._instant(status, tid, time, "outcome", reason=reason)
         if status == "accepted":
             self._buffered[task_id] = time
 
-    def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
+    def _format_consumed(self, task_id: int, version: int, lag: int, time: float) -> None:
         tid = task_id * _SLOTS
         self._slice("buffered", tid, self._buffered.pop(task_id, time), time, "task")
         self._instant("consumed", tid, time, "outcome", version=version, lag=lag)
 
-    # -- generations (from TracedEngine) -----------------------------------------------------
-
-    def generation(self, request: ModelRequest, response: ModelResponse | None, start: float, end: float) -> None:
-        """Record one ``agenerate`` call of the current task (None response: it raised)."""
-        ctx = workflow_context.get()
-        task = ctx.task_id if ctx.task_id is not None else -1
-        slot = ctx.sample_idx or 0
+    def _format_generation(
+        self, task_id: int | None, sample_idx: int | None, start: float, end: float, input_tokens: int,
+        done: tuple[int, str, list[int]] | None,
+    ) -> None:  # fmt: skip
+        task = task_id if task_id is not None else -1
+        slot = sample_idx or 0
         tid = task * _SLOTS + 1 + slot
         self._track(tid, f"task {task} slot {slot}", tid)
-        if response is None:
-            self._slice("generate", tid, start, end, "generation", input_tokens=len(request.input_ids), error=True)
+        if done is None:
+            self._slice("generate", tid, start, end, "generation", input_tokens=input_tokens, error=True)
             return
-        versions = sorted(set(response.output_versions))
+        output_tokens, stop_reason, versions = done
         self._slice(
             "generate", tid, start, end, "generation",
-            input_tokens=len(request.input_ids), output_tokens=len(response.output_tokens),
-            stop_reason=response.stop_reason, versions=versions,
+            input_tokens=input_tokens, output_tokens=output_tokens, stop_reason=stop_reason, versions=versions,
         )  # fmt: skip
 
     def trace(self) -> dict[str, Any]:
