@@ -48,7 +48,7 @@ from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ._config import RolloutConfig
 from ._feed import END, Feed, same_source
-from ._observer import ExecutorObserver, notify, oldest_version
+from ._observer import ExecutorObserver, bind, observer_failed, oldest_version
 from ._staleness import StalenessManager
 from ._store import IdSet, Owner, Status, Task
 from ._store import Result as Result  # the facade imports it from here
@@ -171,6 +171,11 @@ class RolloutExecutor:
     ) -> None:
         self.engine = engine
         self._observers = tuple(observers)
+        # bound once: at thousands of tasks per second a lookup per observer and event counts
+        self._on_queued = bind(self._observers, "task_queued")
+        self._on_started = bind(self._observers, "task_started")
+        self._on_finished = bind(self._observers, "task_finished")
+        self._on_consumed = bind(self._observers, "task_consumed")
         self.config = config
         self._version = _TrainerVersion(engine)
         self.staleness = StalenessManager.for_data_parallel(
@@ -338,7 +343,12 @@ class RolloutExecutor:
             self.staleness.on_rollout_enqueued()
         self._submitted += 1
         if self._observers:
-            notify(self._observers, "task_queued", tid, is_eval=task.is_eval, time=trio.current_time())
+            now = trio.current_time()
+            for call, observer in self._on_queued:
+                try:
+                    call(tid, is_eval=task.is_eval, time=now)
+                except Exception:
+                    observer_failed(observer, "task_queued")
         self._notify()
         return task
 
@@ -500,8 +510,11 @@ class RolloutExecutor:
         assert scope is not None
         task.start_time = trio.current_time()
         task.start_version = self.get_version()
-        if self._observers:
-            notify(self._observers, "task_started", task.task_id, version=task.start_version, time=task.start_time)
+        for call, observer in self._on_started:
+            try:
+                call(task.task_id, version=task.start_version, time=task.start_time)
+            except Exception:
+                observer_failed(observer, "task_started")
         if self.config.episode_timeout is not None:
             scope.deadline = task.start_time + self.config.episode_timeout
         outcome: tuple[Status, str | None, Result | None] | None = None
@@ -609,10 +622,12 @@ class RolloutExecutor:
         else:
             self._cancelled += 1
         if self._observers:
-            notify(
-                self._observers, "task_finished", task.task_id,
-                status=status, reason=reason, result=result, time=trio.current_time(),
-            )
+            now = trio.current_time()
+            for call, observer in self._on_finished:
+                try:
+                    call(task.task_id, status=status, reason=reason, result=result, time=now)
+                except Exception:
+                    observer_failed(observer, "task_finished")
         if task.callback is not None:
             try:
                 task.callback(TaskOutcome(task.task_id, status, reason, result, task.data))
@@ -669,7 +684,12 @@ class RolloutExecutor:
         if self._observers:
             version = self.get_version()
             lag = max(0, version - task.version)
-            notify(self._observers, "task_consumed", task.task_id, version=version, lag=lag, time=trio.current_time())
+            now = trio.current_time()
+            for call, observer in self._on_consumed:
+                try:
+                    call(task.task_id, version=version, lag=lag, time=now)
+                except Exception:
+                    observer_failed(observer, "task_consumed")
         return result
 
     def _hand_on(self, task: Task) -> None:

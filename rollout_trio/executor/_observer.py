@@ -11,11 +11,12 @@ exception it raises is logged and never reaches the executor.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["ExecutorObserver", "Status", "notify", "oldest_version"]
+__all__ = ["ExecutorObserver", "Status", "bind", "notify", "observer_failed", "oldest_version"]
 
 logger = logging.getLogger("rollout_trio.executor")
 
@@ -47,6 +48,28 @@ def notify(observers: Sequence[ExecutorObserver], method: str, *args: Any, **kwa
             getattr(observer, method)(*args, **kwargs)
         except Exception:
             logger.exception("Executor observer %r failed in %s.", observer, method)
+
+
+def bind(observers: Sequence[ExecutorObserver], method: str) -> tuple[tuple[Callable[..., None], ExecutorObserver], ...]:
+    """``(observer.method, observer)`` for each observer, the method looked up once.
+
+    The executor calls these in a loop of its own, each in ``try`` with :func:`observer_failed`
+    for what it raises (the same as :func:`notify`, less a lookup and a call per event).
+    A missing method still fails, and is logged, at each call.
+    """
+    return tuple(
+        (getattr(observer, method, None) or functools.partial(_late_lookup, observer, method), observer)
+        for observer in observers
+    )
+
+
+def _late_lookup(observer: Any, method: str, *args: Any, **kwargs: Any) -> None:
+    getattr(observer, method)(*args, **kwargs)
+
+
+def observer_failed(observer: Any, method: str) -> None:
+    """Log the exception being handled, that ``observer`` raised in ``method``."""
+    logger.exception("Executor observer %r failed in %s.", observer, method)
 
 
 def oldest_version(result: Any) -> int | None:
