@@ -70,7 +70,9 @@ class TraceRecorder:
         self._log.append((_STARTED, task_id, version, time))
 
     def task_finished(self, task_id: int, *, status: Status, reason: str | None, result: Any, time: float) -> None:
-        rewards = result_size(result)[2] if result is not None else None  # not the result: it is freed once taken
+        # the rewards, not the result (it is freed once taken); a tuple holding only numbers and
+        # strings leaves the garbage collector's sight, the log of a long run costs it nothing
+        rewards = tuple(result_size(result)[2]) if result is not None else None
         self._log.append((_FINISHED, task_id, status, reason, rewards, time))
 
     def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
@@ -82,10 +84,12 @@ class TraceRecorder:
         """Record one ``agenerate`` call of the current task (None response: it raised)."""
         ctx = _current_context()
         if response is None:
-            self._log.append((_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids), None))
+            self._log.append((_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids), None, None, None))
         else:
-            done = (len(response.output_tokens), response.stop_reason, sorted(set(response.output_versions)))
-            self._log.append((_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids), done))
+            self._log.append(
+                (_GENERATION, ctx.task_id, ctx.sample_idx, start, end, len(request.input_ids),
+                 len(response.output_tokens), response.stop_reason, tuple(sorted(set(response.output_versions))))
+            )  # fmt: skip
 
     # -- formatting (when the events are read) -----------------------------------------------
 
@@ -137,7 +141,7 @@ class TraceRecorder:
         self._started[task_id] = (time, version)
 
     def _format_finished(
-        self, task_id: int, status: Status, reason: str | None, rewards: list[float] | None, time: float
+        self, task_id: int, status: Status, reason: str | None, rewards: tuple[float, ...] | None, time: float
     ) -> None:
         tid = task_id * _SLOTS
         if task_id in self._queued:  # cancelled before it started
@@ -146,7 +150,7 @@ class TraceRecorder:
         if start is not None:
             self._slice("episode", tid, start, time, "task", version=version, status=status, reason=reason)
         if rewards:
-            self._instant("reward", tid, time, "reward", rewards=rewards, mean=sum(rewards) / len(rewards))
+            self._instant("reward", tid, time, "reward", rewards=list(rewards), mean=sum(rewards) / len(rewards))
         self._instant(status, tid, time, "outcome", reason=reason)
         if status == "accepted":
             self._buffered[task_id] = time
@@ -158,19 +162,18 @@ class TraceRecorder:
 
     def _format_generation(
         self, task_id: int | None, sample_idx: int | None, start: float, end: float, input_tokens: int,
-        done: tuple[int, str, list[int]] | None,
+        output_tokens: int | None, stop_reason: str | None, versions: tuple[int, ...] | None,
     ) -> None:  # fmt: skip
         task = task_id if task_id is not None else -1
         slot = sample_idx or 0
         tid = task * _SLOTS + 1 + slot
         self._track(tid, f"task {task} slot {slot}", tid)
-        if done is None:
+        if versions is None:  # the call raised
             self._slice("generate", tid, start, end, "generation", input_tokens=input_tokens, error=True)
             return
-        output_tokens, stop_reason, versions = done
         self._slice(
             "generate", tid, start, end, "generation",
-            input_tokens=input_tokens, output_tokens=output_tokens, stop_reason=stop_reason, versions=versions,
+            input_tokens=input_tokens, output_tokens=output_tokens, stop_reason=stop_reason, versions=list(versions),
         )  # fmt: skip
 
     def trace(self) -> dict[str, Any]:
