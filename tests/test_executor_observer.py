@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rollout_trio
 from rollout_trio import ExecutorObserver, open_executor
@@ -73,3 +75,31 @@ async def test_queued_then_cancelled_never_starts() -> None:
         tid = ex.submit({}, gen_workflow)
         assert ex.cancel(tid)
     assert [(k, d) for k, t, d in rec.events if t == tid] == [("queued", False), ("finished", ("cancelled", "cancelled"))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(-1, 50), min_size=1, max_size=40), min_size=1, max_size=4),
+    long=st.booleans(),
+)
+def test_oldest_version_is_the_least_non_negative_version_whatever_the_length(rows: list[list[int]], long: bool) -> None:
+    """Invariant: oldest_version is min(v for v in versions if v >= 0) (None when there is
+    none), on the short-row path and on the tensor path for long rows alike."""
+    import torch
+
+    from rollout_trio import Trajectory
+    from rollout_trio.executor._observer import oldest_version
+
+    width = max(map(len, rows)) * (40 if long else 1)
+    versions = torch.full((len(rows), width), -1, dtype=torch.int32)
+    for i, row in enumerate(rows):
+        versions[i, : len(row)] = torch.tensor(row)
+    n = versions.shape[1]
+    traj = Trajectory(
+        input_ids=torch.ones(len(rows), n, dtype=torch.int32),
+        attention_mask=torch.ones(len(rows), n, dtype=torch.bool),
+        loss_mask=(versions >= 0).int(),
+        versions=versions,
+    )
+    flat = [v for row in rows for v in row if v >= 0]
+    assert oldest_version(traj) == (min(flat) if flat else None)

@@ -72,6 +72,9 @@ def observer_failed(observer: Any, method: str) -> None:
     logger.exception("Executor observer %r failed in %s.", observer, method)
 
 
+_AS_LIST = 1024  # up to this many entries, reading a tensor into Python beats tensor ops
+
+
 def oldest_version(result: Any) -> int | None:
     """The lowest weight version of any output token in ``result`` (None when none has one).
 
@@ -80,9 +83,15 @@ def oldest_version(result: Any) -> int | None:
     from .._trajectory import Trajectory
 
     if isinstance(result, Trajectory):
-        if result.versions is None:
+        versions = result.versions
+        if versions is None:
             return None
-        kept = result.versions[result.versions >= 0]
+        if versions.numel() <= _AS_LIST and versions.device.type == "cpu":
+            # Short rows (the common case): one copy out, then Python; a masked select and
+            # a reduction cost ~20 us in tensor-op overheads alone.
+            found = [v for v in versions.view(-1).tolist() if v >= 0]
+            return min(found) if found else None
+        kept = versions[versions >= 0]
         return int(kept.min()) if kept.numel() else None
     if isinstance(result, dict):
         found = [
