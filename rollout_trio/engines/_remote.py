@@ -881,11 +881,13 @@ class RemoteEngine:
         if stop == "abort":
             stop = "length"
         latency = trio.current_time() - start
-        return ModelResponse(
+        # Every field is checked already: the request on construction, each segment where
+        # the backend parsed it (token ids, logprobs, versions, one entry per token).
+        return ModelResponse.from_engine(
             input_tokens=req.input_ids,
-            output_tokens=tokens,
-            output_logprobs=logprobs,
-            output_versions=versions,
+            output_tokens=tuple(tokens),
+            output_logprobs=tuple(logprobs),
+            output_versions=tuple(versions),
             stop_reason=stop,  # type: ignore[arg-type]
             latency=latency,
             ttft=ttft if ttft is not None else latency,
