@@ -4,6 +4,8 @@ from functools import partial
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio
 
 from rollout_trio.agents import OpenAIEndpoint
@@ -317,3 +319,33 @@ async def test_the_in_process_transport_answers_and_a_cancelled_caller_aborts_it
                 [rid] = engine.in_flight
                 n.cancel_scope.cancel()
     assert engine.aborted == [rid] and s.interactions == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]), st.text(max_size=60)), min_size=1, max_size=5
+    ),
+    with_tool=st.booleans(),
+    specials=st.booleans(),
+)
+def test_prompt_ids_equal_the_tokenizers_own_chat_template_tokens(
+    turns: list[tuple[str, str]], with_tool: bool, specials: bool
+) -> None:
+    """Invariant: ChatTemplate.prompt_ids (render, then the fast backend's encode) equals
+    apply_chat_template(tokenize=True) on the same conversation, special-token text,
+    unicode and tool preambles included."""
+    from rollout_trio.agents._schema import ChatMessage, Tool, ToolFunction
+    from rollout_trio.agents._template import ChatTemplate
+
+    messages = [
+        ChatMessage(role=role, content=(f"{IM_END}{text}<|im_start|>" if specials else text))  # type: ignore[arg-type]
+        for role, text in turns
+    ]
+    tools = [Tool(function=ToolFunction(name="add", description="adds", parameters={"type": "object"}))] if with_tool else []
+    template = ChatTemplate(TOKENIZER)
+    expected = TOKENIZER.apply_chat_template(
+        template.messages_for_template(messages, tools), add_generation_prompt=True, tokenize=True, return_dict=False,
+        **({"tools": [t.as_dict() for t in tools]} if tools and template.native_tools else {}),
+    )  # fmt: skip
+    assert template.prompt_ids(messages, tools) == list(expected)

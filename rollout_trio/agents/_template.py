@@ -87,14 +87,18 @@ class ChatTemplate:
         kwargs: dict[str, Any] = {}
         if tools and self.native_tools:
             kwargs["tools"] = [t.as_dict() for t in tools]
-        ids = self.tokenizer.apply_chat_template(
-            self.messages_for_template(messages, tools),
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            **kwargs,
-        )
-        return list(ids)
+        conversation = self.messages_for_template(messages, tools)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a slow (pure Python) tokenizer
+            ids = self.tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+            return list(ids)
+        # What apply_chat_template(tokenize=True) does for a fast tokenizer (render, then
+        # encode without special tokens), minus resetting the backend's truncation and
+        # padding on every call: ~40 of ~140 us per completion.
+        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False, **kwargs)
+        return list(backend.encode(text, add_special_tokens=False).ids)
 
 
 def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> int:
