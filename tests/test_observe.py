@@ -352,3 +352,21 @@ def test_live_page_renders_a_running_run_in_headless_chromium(tmp_path: Path) ->
     assert '<span id="state" class="dim">updated ' in html  # polled live.json without an error
     assert 'data-rate="episodes/s"' in html
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_window_rate_counts_each_series_over_the_window_and_forgets_what_left_it() -> None:
+    """Rates per series over the last ``window`` seconds of its clock; events older than the
+    window are dropped as new ones arrive, so memory stays bounded with nobody reading."""
+    from rollout_trio.observe._metrics import WindowRate
+
+    now = [0.0]
+    rate = WindowRate(10.0, lambda: now[0], series=2)
+    for t in range(100):  # one event a second: (1 episode, 50 tokens)
+        now[0] = float(t)
+        rate.add(1, 50)
+    assert len(rate._events) == 10  # only the window's events are kept
+    assert rate.per_second() == pytest.approx(1.0) and rate.per_second(1) == pytest.approx(50.0)
+    now[0] = 200.0
+    assert rate.per_second() == 0.0 and rate.per_second(1) == 0.0
+    with pytest.raises(ValueError, match="WindowRate.window"):
+        WindowRate(0.0)

@@ -13,6 +13,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -36,38 +37,50 @@ __all__ = ["ExecutorMetrics", "ObservedTransport", "WindowRate", "result_size", 
 
 #: version lag of consumed data: exact for the usual small lags, coarse beyond.
 LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
-_monotonic = time.monotonic
 _wall_time = time.time
 #: seconds of one HTTP call to an inference server.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class WindowRate:
-    """Events per second over the last ``window`` seconds (of ``clock``), in O(events in window)."""
+    """Amounts per second over the last ``window`` seconds (of ``clock``), for ``series``
+    counts added together (episodes and tokens, say); memory bounded by the events in the
+    window, whether or not anyone reads the rate."""
 
-    def __init__(self, window: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window: float = 10.0, clock: Callable[[], float] = time.monotonic, *, series: int = 1) -> None:
         if not window > 0:
             raise ValueError(f"WindowRate.window: must be > 0, got {window!r}")
         self.window = window
         self._clock = clock
         self._born = clock()
-        self._events: collections.deque[tuple[float, float]] = collections.deque()
-        self._sum = 0.0
+        self._events: collections.deque[tuple[float, tuple[float, ...]]] = collections.deque()
+        self._sums: list[float] = [0] * series
 
-    def add(self, amount: float) -> None:
-        """Count ``amount`` events now."""
-        self._events.append((self._clock(), amount))
-        self._sum += amount
-
-    def per_second(self) -> float:
-        """The rate over the window (over the time since creation while that is shorter)."""
+    def add(self, *amounts: float) -> None:
+        """Count ``amounts`` (one per series) now."""
         now = self._clock()
-        while self._events and self._events[0][0] <= now - self.window:
-            self._sum -= self._events.popleft()[1]
-        if not self._events:
-            self._sum = 0.0  # no float drift once empty
+        events = self._events
+        events.append((now, amounts))
+        sums = self._sums
+        for i, amount in enumerate(amounts):
+            sums[i] += amount
+        if events[0][0] <= now - self.window:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        events, sums, horizon = self._events, self._sums, now - self.window
+        while events and events[0][0] <= horizon:
+            for i, amount in enumerate(events.popleft()[1]):
+                sums[i] -= amount
+        if not events:
+            self._sums = [0] * len(sums)  # no float drift once empty
+
+    def per_second(self, series: int = 0) -> float:
+        """The rate of ``series`` over the window (over the time since creation while that is shorter)."""
+        now = self._clock()
+        self._expire(now)
         span = min(self.window, now - self._born)
-        return self._sum / span if span > 0 else 0.0
+        return float(self._sums[series]) / span if span > 0 else 0.0
 
 
 class _RateCollector(Collector):
@@ -176,12 +189,7 @@ class ExecutorMetrics:
         self._rewards: dict[int, list[Any]] = {}  # version -> [count, sum, created], in first-seen order
         self._started: dict[int, int] = {}  # running task -> the version it started at
         self._queued: set[int] = set()
-        # accepted (time, episodes, tokens) of the last rate_window seconds, and their sums
-        self._window = rate_window
-        self._born = time.monotonic()
-        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
-        self._recent_episodes = 0
-        self._recent_tokens = 0
+        self._rates = WindowRate(rate_window, series=2)  # accepted episodes, tokens
         self.registry.register(_ExecutorCollector(self))
         self.loop_lag = Gauge(
             "rollout_trio_loop_lag_seconds", "How late the Trio loop woke a periodic task", registry=self.registry
@@ -189,8 +197,8 @@ class ExecutorMetrics:
         self.registry.register(
             _RateCollector(
                 {
-                    "rollout_trio_episodes_per_second": ("Accepted episodes per second", self._episodes_per_second),
-                    "rollout_trio_tokens_per_second": ("Generated tokens per second", self._tokens_per_second),
+                    "rollout_trio_episodes_per_second": ("Accepted episodes per second", self._rates.per_second),
+                    "rollout_trio_tokens_per_second": ("Generated tokens per second", partial(self._rates.per_second, 1)),
                 }
             )
         )
@@ -217,13 +225,7 @@ class ExecutorMetrics:
         episodes, tokens, rewards = result_size(result)
         self._episodes += episodes
         self._tokens += tokens
-        now = _monotonic()
-        recent = self._recent
-        recent.append((now, episodes, tokens))
-        self._recent_episodes += episodes
-        self._recent_tokens += tokens
-        if recent[0][0] <= now - self._window:
-            self._expire(now)  # memory stays bounded by the window even when nobody scrapes
+        self._rates.add(episodes, tokens)
         if rewards:
             if version is None:  # started before this observer was attached
                 version = oldest_version(result) or 0
@@ -244,26 +246,6 @@ class ExecutorMetrics:
         self._version = version
 
     # -- scrape time -----------------------------------------------------------------------
-
-    def _expire(self, now: float) -> None:
-        recent = self._recent
-        horizon = now - self._window
-        while recent and recent[0][0] <= horizon:
-            _, episodes, tokens = recent.popleft()
-            self._recent_episodes -= episodes
-            self._recent_tokens -= tokens
-
-    def _per_second(self, recent_sum: str) -> float:
-        now = _monotonic()
-        self._expire(now)
-        span = min(self._window, now - self._born)
-        return float(getattr(self, recent_sum)) / span if span > 0 else 0.0
-
-    def _episodes_per_second(self) -> float:
-        return self._per_second("_recent_episodes")
-
-    def _tokens_per_second(self) -> float:
-        return self._per_second("_recent_tokens")
 
     def _families(self, describe: bool = False) -> Iterator[Metric]:
         """The metric families, in the order (and with the samples) of the former prometheus metrics."""
