@@ -84,14 +84,16 @@ async def test_queued_then_cancelled_never_starts() -> None:
 )
 def test_oldest_version_is_the_least_non_negative_version_whatever_the_length(rows: list[list[int]], long: bool) -> None:
     """Invariant: oldest_version is min(v for v in versions if v >= 0) (None when there is
-    none), on the short-row path and on the tensor path for long rows alike."""
+    none), on the short-row path and on the tensor path for long rows alike, whatever the
+    tensor's memory layout."""
     import torch
 
     from rollout_trio import Trajectory
     from rollout_trio.executor._observer import oldest_version
 
     width = max(map(len, rows)) * (40 if long else 1)
-    versions = torch.full((len(rows), width), -1, dtype=torch.int32)
+    # a column slice of a wider tensor, as splitting a batch can give: not contiguous
+    versions = torch.full((len(rows), width + 3), -1, dtype=torch.int32)[:, :width]
     for i, row in enumerate(rows):
         versions[i, : len(row)] = torch.tensor(row)
     n = versions.shape[1]

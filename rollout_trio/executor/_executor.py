@@ -48,7 +48,7 @@ from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ._config import RolloutConfig
 from ._feed import END, Feed, same_source
-from ._observer import ExecutorObserver, bind, observer_failed, oldest_version
+from ._observer import ExecutorObserver, bind, emit, oldest_version
 from ._staleness import StalenessManager
 from ._store import IdSet, Owner, Status, Task
 from ._store import Result as Result  # the facade imports it from here
@@ -344,11 +344,7 @@ class RolloutExecutor:
         self._submitted += 1
         if self._observers:
             now = trio.current_time()
-            for call, observer in self._on_queued:
-                try:
-                    call(tid, is_eval=task.is_eval, time=now)
-                except Exception:
-                    observer_failed(observer, "task_queued")
+            emit(self._on_queued, "task_queued", tid, is_eval=task.is_eval, time=now)
         self._notify()
         return task
 
@@ -510,11 +506,7 @@ class RolloutExecutor:
         assert scope is not None
         task.start_time = trio.current_time()
         task.start_version = self.get_version()
-        for call, observer in self._on_started:
-            try:
-                call(task.task_id, version=task.start_version, time=task.start_time)
-            except Exception:
-                observer_failed(observer, "task_started")
+        emit(self._on_started, "task_started", task.task_id, version=task.start_version, time=task.start_time)
         if self.config.episode_timeout is not None:
             scope.deadline = task.start_time + self.config.episode_timeout
         outcome: tuple[Status, str | None, Result | None] | None = None
@@ -623,11 +615,7 @@ class RolloutExecutor:
             self._cancelled += 1
         if self._observers:
             now = trio.current_time()
-            for call, observer in self._on_finished:
-                try:
-                    call(task.task_id, status=status, reason=reason, result=result, time=now)
-                except Exception:
-                    observer_failed(observer, "task_finished")
+            emit(self._on_finished, "task_finished", task.task_id, status=status, reason=reason, result=result, time=now)
         if task.callback is not None:
             try:
                 task.callback(TaskOutcome(task.task_id, status, reason, result, task.data))
@@ -685,11 +673,7 @@ class RolloutExecutor:
             version = self.get_version()
             lag = max(0, version - task.version)
             now = trio.current_time()
-            for call, observer in self._on_consumed:
-                try:
-                    call(task.task_id, version=version, lag=lag, time=now)
-                except Exception:
-                    observer_failed(observer, "task_consumed")
+            emit(self._on_consumed, "task_consumed", task.task_id, version=version, lag=lag, time=now)
         return result
 
     def _hand_on(self, task: Task) -> None:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["ExecutorObserver", "Status", "bind", "notify", "observer_failed", "oldest_version"]
+__all__ = ["ExecutorObserver", "Status", "bind", "emit", "oldest_version"]
 
 logger = logging.getLogger("rollout_trio.executor")
 
@@ -41,20 +41,10 @@ class ExecutorObserver(Protocol):
         versions its oldest token is behind (0 when it carries no versions)."""
 
 
-def notify(observers: Sequence[ExecutorObserver], method: str, *args: Any, **kwargs: Any) -> None:
-    """Call ``method`` on every observer, logging (never raising) what they raise."""
-    for observer in observers:
-        try:
-            getattr(observer, method)(*args, **kwargs)
-        except Exception:
-            logger.exception("Executor observer %r failed in %s.", observer, method)
-
-
 def bind(observers: Sequence[ExecutorObserver], method: str) -> tuple[tuple[Callable[..., None], ExecutorObserver], ...]:
     """``(observer.method, observer)`` for each observer, the method looked up once.
 
-    The executor calls these in a loop of its own, each in ``try`` with :func:`observer_failed`
-    for what it raises (the same as :func:`notify`, less a lookup and a call per event).
+    :func:`emit` calls them; the lookup is not repeated per event.
     A missing method still fails, and is logged, at each call.
     """
     return tuple(
@@ -63,13 +53,17 @@ def bind(observers: Sequence[ExecutorObserver], method: str) -> tuple[tuple[Call
     )
 
 
+def emit(bound: Sequence[tuple[Callable[..., None], ExecutorObserver]], method: str, *args: Any, **kwargs: Any) -> None:
+    """Call each of :func:`bind`'s methods, logging (never raising) what they raise."""
+    for call, observer in bound:
+        try:
+            call(*args, **kwargs)
+        except Exception:
+            logger.exception("Executor observer %r failed in %s.", observer, method)
+
+
 def _late_lookup(observer: Any, method: str, *args: Any, **kwargs: Any) -> None:
     getattr(observer, method)(*args, **kwargs)
-
-
-def observer_failed(observer: Any, method: str) -> None:
-    """Log the exception being handled, that ``observer`` raised in ``method``."""
-    logger.exception("Executor observer %r failed in %s.", observer, method)
 
 
 _AS_LIST = 1024  # up to this many entries, reading a tensor into Python beats tensor ops
@@ -89,7 +83,7 @@ def oldest_version(result: Any) -> int | None:
         if versions.numel() <= _AS_LIST and versions.device.type == "cpu":
             # Short rows (the common case): one copy out, then Python; a masked select and
             # a reduction cost ~20 us in tensor-op overheads alone.
-            found = [v for v in versions.view(-1).tolist() if v >= 0]
+            found = [v for v in versions.reshape(-1).tolist() if v >= 0]  # reshape: a sliced row may not be contiguous
             return min(found) if found else None
         kept = versions[versions >= 0]
         return int(kept.min()) if kept.numel() else None
