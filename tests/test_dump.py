@@ -273,6 +273,24 @@ async def test_a_second_dump_into_one_directory_warns_and_appends(tmp_path, capl
     assert len(lines_of(tmp_path / "e/t/rollout/0/1.jsonl")) == 2  # appended, not refused
 
 
+async def test_entering_a_dumper_counts_a_large_dump_only_up_to_a_cap(tmp_path, caplog, monkeypatch):
+    """The warning's count stops at the cap (shown as N+): entering a dumper never walks a
+    whole large dump."""
+    from rollout_trio.executor import _dump
+
+    monkeypatch.setattr(_dump, "_COUNT_AT_MOST", 5)
+    for version in range(3):
+        folder = tmp_path / "e" / "t" / "rollout" / str(version)
+        folder.mkdir(parents=True)
+        for task in range(4):
+            (folder / f"{task}.jsonl").write_text("")
+    with caplog.at_level(logging.WARNING, logger="rollout_trio.dump"):
+        async with TrajectoryDumper(tmp_path, "e", "t", FakeTok()):
+            pass
+    [record] = caplog.records
+    assert "already holds 5+ dumped files" in record.getMessage()
+
+
 async def test_case23_what_is_not_dumped_returns_false_and_is_counted(tmp_path, dumper, caplog):
     ok = {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[1, 1]]), "loss_mask": torch.tensor([[0, 1]])}
     with caplog.at_level(logging.WARNING, logger="rollout_trio.dump"):

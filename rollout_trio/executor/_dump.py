@@ -477,7 +477,7 @@ class TrajectoryDumper:
         self._state = "open"
         existing = await trio.to_thread.run_sync(_count_dump_files, self.directory)
         if existing:
-            files = "1 dumped file" if existing == 1 else f"{existing} dumped files"
+            files = "1 dumped file" if existing == 1 else f"{existing}{'+' if existing >= _COUNT_AT_MOST else ''} dumped files"
             logger.warning("trajectory dump directory %s already holds %s; new lines are appended", self.directory, files)
         return self
 
@@ -608,9 +608,18 @@ class TrajectoryDumper:
         return written, None
 
 
+_COUNT_AT_MOST = 1000  # entering a dumper never walks a whole large dump to count it
+
+
 def _count_dump_files(directory: Path) -> int:
-    """The ``.jsonl`` files under ``directory`` (symlinks not followed; none if it does not exist)."""
-    return sum(name.endswith(".jsonl") for _, _, names in os.walk(directory) for name in names)
+    """The ``.jsonl`` files under ``directory``, up to :data:`_COUNT_AT_MOST` (symlinks not
+    followed; none if it does not exist)."""
+    found = 0
+    for _, _, names in os.walk(directory):
+        found += sum(name.endswith(".jsonl") for name in names)
+        if found >= _COUNT_AT_MOST:
+            return _COUNT_AT_MOST
+    return found
 
 
 def _write_line(fd: int, data: bytes) -> None:
