@@ -30,9 +30,9 @@ def histogram(values: Sequence[float], lo: float, hi: float, bins: int) -> list[
     return counts
 
 
-def _fixed(x: float, digits: int) -> str:
-    """``x`` with ``digits`` decimals, never "-0.000" for a value that rounds to zero."""
-    text = f"{x:.{digits}f}"
+def number(x: float, spec: str) -> str:
+    """``format(x, spec)``, never "-0" (nor "-0.000") for a value that rounds to zero."""
+    text = format(x, spec)
     return text.removeprefix("-") if math.isfinite(x) and float(text) == 0 else text
 
 
@@ -168,7 +168,7 @@ def format_summary(summary: DumpSummary, records: Sequence[DumpRecord], source: 
         shown = str(v.truncated) if summary.truncation_known else "-"
         out.append(
             f"{'eval-rollout' if v.is_eval else 'rollout':<13}{v.version:>7}{v.tasks:>7}{v.rows:>7}{v.accepted:>9}"
-            f"{v.rows - v.accepted:>9}{shown:>10}{_fixed(v.reward_mean, 3):>9}{_fixed(v.reward_std, 3):>7}{v.length_mean:>8.1f}  "
+            f"{v.rows - v.accepted:>9}{shown:>10}{number(v.reward_mean, '.3f'):>9}{number(v.reward_std, '.3f'):>7}{v.length_mean:>8.1f}  "
             f"|{sparkline(v.reward_hist)}|"
         )
     lengths = sorted(completion_tokens(r) for r in records)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ..executor import DumpRecord
-from ._inspect import DumpSummary, completion_tokens, histogram
+from ._inspect import DumpSummary, completion_tokens, histogram, number
 
 __all__ = ["esc", "render_page"]
 
@@ -30,10 +30,7 @@ def esc(text: str) -> str:
 
 
 def _num(x: float) -> str:
-    if not math.isfinite(x):
-        return "–"
-    text = f"{x:.3g}"
-    return text.removeprefix("-") if float(text) == 0 else text  # no "-0"
+    return number(x, ".3g") if math.isfinite(x) else "–"
 
 
 def version_colours(versions: Sequence[int]) -> dict[int, tuple[str, str]]:
