@@ -1,5 +1,6 @@
 """Checks on processes the tests start (stdlib only)."""
 
+import contextlib
 import os
 
 import trio
@@ -23,3 +24,15 @@ async def wait_dead(pid, timeout=30):
     finally:
         if not dead(pid):
             os.kill(pid, 9)
+
+
+@contextlib.contextmanager
+def reaped(proc):
+    """``proc`` for the block; killed and reaped on the way out if it still runs (a failing
+    test leaves no process behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -32,6 +32,7 @@ from rollout_trio.observe import (
 )
 from rollout_trio.testing import ScriptedEngine
 
+from .process_helpers import reaped
 from .test_executor import GC, gen_workflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,12 +246,11 @@ def test_run_serves_metrics_while_it_runs_and_top_shows_them(tmp_path: Path) -> 
     """`run --metrics-port 0 --trace`: scrape mid-run, `top --once` on it and on its dump, then Ctrl-C."""
     trace = tmp_path / "trace.json"
     dump = tmp_path / "dump"
-    proc = subprocess.Popen(
+    with reaped(subprocess.Popen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2",
          "--metrics-port", "0", "--trace", str(trace), "--dump", str(dump)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
-    )  # fmt: skip
-    try:
+    )) as proc:  # fmt: skip
         assert proc.stderr is not None and proc.stdout is not None
         line = proc.stderr.readline()
         assert "metrics at http://127.0.0.1:" in line, line
@@ -268,10 +268,6 @@ def test_run_serves_metrics_while_it_runs_and_top_shows_them(tmp_path: Path) -> 
         )  # fmt: skip
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     accepted = samples[("rollout_trio_tasks_finished_total", (("status", "accepted"),))]
     assert accepted >= 1 and samples[("rollout_trio_episodes_total", ())] == 2 * accepted
@@ -325,13 +321,12 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 )
 def test_live_page_renders_a_running_run_in_headless_chromium(tmp_path: Path) -> None:
     assert CHROMIUM is not None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--metrics-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
-    )  # fmt: skip
     browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
                f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
-    try:
+    with reaped(subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
+    )) as proc:  # fmt: skip
         assert proc.stderr is not None and proc.stdout is not None
         url = proc.stderr.readline().split("metrics at ")[1].split("/metrics")[0]
         proc.stdout.readline()
@@ -342,10 +337,6 @@ def test_live_page_renders_a_running_run_in_headless_chromium(tmp_path: Path) ->
                        capture_output=True, timeout=60, check=True)  # fmt: skip
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     html = dom.stdout
     accepted = int(html.split('data-key="accepted"><b>')[1].split("<")[0].replace(",", ""))
     assert accepted >= 1, html

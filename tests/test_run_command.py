@@ -13,6 +13,8 @@ import pytest
 
 from rollout_trio.executor import read_dump
 
+from .process_helpers import reaped
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,21 +27,16 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 def test_ctrl_c_prints_what_finished_and_exits_130() -> None:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
+    with reaped(subprocess.Popen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--concurrency", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
-    try:
+    )) as proc:  # fmt: skip
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("group  question")
         first = proc.stdout.readline()  # a group streamed out as soon as it finished
         assert "rewards [" in first or "dropped" in first, first
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted: stopping new work" in err and "Traceback" not in err
     assert "not finished" in out and "group statistics" in out
@@ -71,11 +68,10 @@ def test_bad_numbers_are_usage_errors() -> None:
 def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
     """Start ``rollout-trio run``, send SIGINT once ``-X importtime`` shows ``marker`` imported."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
-    proc = subprocess.Popen(
+    with reaped(subprocess.Popen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-    )  # fmt: skip
-    try:
+    )) as proc:  # fmt: skip
         assert proc.stderr is not None
         seen = []
         while not (seen and marker.search(seen[-1])):
@@ -84,10 +80,6 @@ def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
             seen.append(line)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return proc.returncode, "".join(seen) + err
 
 
