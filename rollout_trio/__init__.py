@@ -179,7 +179,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-
 def _load() -> None:
     """Import every public name, then make each report ``rollout_trio`` as its module.
 
