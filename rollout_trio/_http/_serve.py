@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from .._errors import exception_leaves
 from ._limits import ServerLimits, ensure_capacity
 
 __all__ = ["hypercorn_config", "serve_app"]
@@ -230,7 +231,8 @@ def _contain_connection_failures() -> None:
         try:
             await original(self)
         except Exception as exc:  # an ExceptionGroup from the connection's task group too
-            log.warning("closed a connection after an error inside Hypercorn: %s: %s", type(exc).__name__, exc)
+            why = "; ".join(f"{type(e).__name__}: {e}" for e in exception_leaves(exc))
+            log.warning("closed a connection after an error inside Hypercorn: %s", why)
 
     TCPServer.run = run  # type: ignore[method-assign]
     TCPServer._rollout_trio_contained = True  # type: ignore[attr-defined]

@@ -222,7 +222,10 @@ class Fleet:
         child.exited.set()
         if child.stopping:
             return
-        said = f": {child.last_error}" if child.last_error else ""
+        # A child that exited on its own may have said why on its last line; a signal's
+        # victim did not (that line is whatever it logged last, unrelated).
+        killed = child.process.returncode is not None and child.process.returncode < 0
+        said = f": {child.last_error}" if child.last_error and not killed else ""
         if child is self.router:
             raise CommandError(f"sglang-router exited with {child.status()}{said}")
         if not self.ready:
