@@ -18,6 +18,7 @@ from rollout_trio import (
     split_trajectories,
     to_json,
 )
+from rollout_trio._rollout_group import as_reward_scalar
 from rollout_trio.testing import strategies as rst
 
 
@@ -125,6 +126,54 @@ def test_from_response_rows_always_validate_and_mark_only_outputs(data):
     t = Trajectory.from_response(resp, data.draw(rst.rewards()))
     assert int(t.loss_mask.sum()) == resp.output_len
     assert bool((t.versions[t.loss_mask == 0] == -1).all())
+
+
+_EDGE_LOGPROBS = st.sampled_from([0.0, -0.0, -1e-45, -5e-324, -3.4028234663852886e38, -3.5e38, -1e300, -1.7976931348623157e308])
+
+
+@st.composite
+def _edge_responses(draw: st.DrawFn) -> ModelResponse:
+    """Responses the checking constructor accepts, at the edges of what int32/float32 hold
+    (empty prompts and outputs, the largest ids, logprobs beyond float32's range)."""
+    token = st.integers(0, 2**31 - 1) | st.integers(0, 5)
+    n_out = draw(st.integers(0, 4))
+    return ModelResponse(
+        input_tokens=draw(st.lists(token, max_size=4)),
+        output_tokens=draw(st.lists(token, min_size=n_out, max_size=n_out)),
+        output_logprobs=draw(st.lists(_EDGE_LOGPROBS | st.floats(-50.0, 0.0), min_size=n_out, max_size=n_out)),
+        output_versions=draw(st.lists(st.integers(-3, 2**31 - 1), min_size=n_out, max_size=n_out)),
+        stop_reason=draw(st.sampled_from(["stop", "length", "abort"])),
+    )
+
+
+@given(_edge_responses() | rst.model_responses(), rst.any_rewards(), st.none() | rst.any_rewards(), st.booleans())
+def test_from_response_equals_the_checking_constructor_or_raises_what_it_raises(resp, reward, reference, extra):
+    """from_response (which skips re-validating what the response guarantees) gives the
+    same trajectory as the checking constructor fed the same fields, and raises the same
+    error type when that constructor refuses them."""
+    lps, n_in = list(resp.output_logprobs), resp.input_len
+    extras = {"uid": ["a"]} if extra else {}
+
+    def checked() -> Trajectory:
+        return Trajectory(
+            input_ids=torch.tensor([[*resp.input_tokens, *resp.output_tokens]], dtype=torch.int32),
+            attention_mask=torch.ones(1, n_in + resp.output_len, dtype=torch.bool),
+            loss_mask=torch.tensor([[0] * n_in + [1] * resp.output_len], dtype=torch.int32),
+            logprobs=torch.tensor([[0.0] * n_in + lps], dtype=torch.float32),
+            versions=torch.tensor([[-1] * n_in + list(resp.output_versions)], dtype=torch.int32),
+            rewards=torch.tensor([as_reward_scalar(reward, what="reward")], dtype=torch.float32),
+            is_truncated=torch.tensor([resp.stop_reason == "length"]),
+            rollout_reward=reference,
+            extras=extras,
+        )
+
+    try:
+        expected = checked()
+    except WorkflowContractError as exc:
+        with pytest.raises(type(exc)):
+            Trajectory.from_response(resp, reward, rollout_reward=reference, **extras)
+        return
+    assert_same_trajectory(Trajectory.from_response(resp, reward, rollout_reward=reference, **extras), expected)
 
 
 @given(rst.trajectory_groups(max_rows=1))

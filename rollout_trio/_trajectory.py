@@ -312,18 +312,25 @@ class Trajectory:
         ``is_truncated`` is ``stop_reason == "length"``.
         """
         n_in, n_out = resp.input_len, resp.output_len
+        lps = resp.output_logprobs
         row = lambda values, dtype: torch.tensor([list(values)], dtype=dtype)  # noqa: E731
-        return cls(
-            input_ids=row([*resp.input_tokens, *resp.output_tokens], torch.int32),
-            attention_mask=torch.ones(1, n_in + n_out, dtype=torch.bool),
-            loss_mask=row([0] * n_in + [1] * n_out, torch.int32),
-            logprobs=row([0.0] * n_in + list(resp.output_logprobs), torch.float32),
-            versions=row([-1] * n_in + list(resp.output_versions), torch.int32),
-            rewards=torch.tensor([float(as_reward_scalar(reward, what="reward"))], dtype=torch.float32),
-            is_truncated=torch.tensor([resp.stop_reason == "length"]),
-            rollout_reward=rollout_reward,
-            extras=extras,
-        )
+        fields: dict[str, Any] = {
+            "input_ids": row([*resp.input_tokens, *resp.output_tokens], torch.int32),
+            "attention_mask": torch.ones(1, n_in + n_out, dtype=torch.bool),
+            "loss_mask": row([0] * n_in + [1] * n_out, torch.int32),
+            "logprobs": row([0.0] * n_in + list(lps), torch.float32),
+            "versions": row([-1] * n_in + list(resp.output_versions), torch.int32),
+            "rewards": torch.tensor([float(as_reward_scalar(reward, what="reward"))], dtype=torch.float32),
+            "is_truncated": torch.tensor([resp.stop_reason == "length"]),
+        }
+        if extras or n_in + n_out == 0 or (lps and min(lps) < -FLOAT32_MAX):
+            # Extras are the caller's, an empty row and a logprob float32 cannot hold break a
+            # rule: the checking constructor names what is wrong.
+            return cls(**fields, rollout_reward=rollout_reward, extras=extras)
+        # Everything else holds by construction: the response's own checks (ids >= 0,
+        # logprobs finite and <= 0) and the layout (loss_mask 0/1, -1 versions on the
+        # prompt, every position attended), so the tensors are not validated again.
+        return cls._unchecked(**fields, rollout_reward=_rollout_reward(rollout_reward))
 
 
 # Every field but ``extras`` defaults to None (checked at import, used by ``_unchecked``).
