@@ -14,6 +14,8 @@ load, is written to bench/results/<date>[-quick].json.
 a. group: episodes/s of a grouped rollout with an instant engine, packing the six tensors
    of each slot, at G = 4, 16, 64, without and with group reward normalization
    (AReaL: ``GroupedRolloutWorkflow`` + ``concat_padded_tensors`` + ``Normalization``).
+   "Trio alone" runs the same slots in a bare nursery with nothing assembled or checked:
+   the ceiling of any grouped rollout on Trio against AReaL on uvloop.
 b. norm: rewards/s of normalization alone (group, batch, leave-one-out; groups of 16).
 c. client: requests/s of the engine client against one fixed-answer loopback server at
    1, 16, 128 concurrent (AReaL: ``RemoteInfEngine`` with its SGLang backend on aiohttp;
@@ -82,6 +84,32 @@ class InstantEngine:
 async def episode(engine: InstantEngine, data: dict[str, Any]) -> dict[str, torch.Tensor]:
     resp = await engine.agenerate(ModelRequest(input_ids=data["ids"]))
     return work.six_tensors(resp.input_tokens, resp.output_tokens, resp.output_logprobs, resp.output_versions)
+
+
+def trio_alone(g: int, episodes: int) -> float:
+    """The same slots in a bare Trio nursery, nothing assembled or checked: the most a
+    grouped rollout on Trio can reach here (the event loop's own cost per slot)."""
+    groups = max(1, episodes // g)
+
+    async def main() -> float:
+        engine, data = InstantEngine(), {"ids": work.PROMPT}
+        results: list[Any] = [None] * g
+
+        async def slot(i: int) -> None:
+            results[i] = await episode(engine, data)
+
+        async def one_group() -> None:
+            async with trio.open_nursery() as nursery:
+                for i in range(g):
+                    nursery.start_soon(slot, i)
+
+        await one_group()  # warm-up, as on both other sides
+        start = time.perf_counter()
+        for _ in range(groups):
+            await one_group()
+        return groups * g / (time.perf_counter() - start)
+
+    return trio.run(main)
 
 
 def ours_group(g: int, norm: bool, episodes: int) -> float:
@@ -257,9 +285,13 @@ def server(args: list[str]) -> Iterator[str]:
 # -- reporting --------------------------------------------------------------------------------------
 
 
-def summary(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+def summary(ours: list[float], theirs: list[float], floor: list[float] | None = None) -> dict[str, Any]:
     ratios = [o / t for o, t in zip(ours, theirs, strict=True)]
+    extra: dict[str, Any] = {}
+    if floor:
+        extra = {"alone": floor, "alone_ratio_median": statistics.median(f / t for f, t in zip(floor, theirs, strict=True))}
     return {
+        **extra,
         "ours": ours,
         "theirs": theirs,
         "ours_median": statistics.median(ours),
@@ -275,23 +307,33 @@ def line(label: str, s: dict[str, Any], unit: str, target: float | None) -> str:
         return f"{statistics.median(v):>11,.0f} [{min(v):,.0f}-{max(v):,.0f}]"
 
     mark = "" if target is None else ("  ok" if s["ratio_median"] >= target else f"  < {target:g}x target")
-    return (
+    text = (
         f"  {label:<22} ours {rng(s['ours']):<32} AReaL {rng(s['theirs']):<32} {unit}"
         f"  ratio {s['ratio_median']:.2f}x [{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]{mark}"
     )
+    if "alone" in s:
+        text += f"\n  {'':<22} Trio alone {rng(s['alone']):<26} (no assembly, no checks)   ratio {s['alone_ratio_median']:.2f}x"
+    return text
 
 
-def interleave(rounds: int, ours: Callable[[], float], theirs: Callable[[], float]) -> dict[str, Any]:
+def interleave(
+    rounds: int, ours: Callable[[], float], theirs: Callable[[], float], alone: Callable[[], float] | None = None
+) -> dict[str, Any]:
+    """``rounds`` measurements of each side, alternating which goes first (so neither always
+    runs warm); ``alone``, if given, is measured next to ours in every round."""
     o: list[float] = []
     t: list[float] = []
-    for r in range(rounds):  # alternate which side goes first, so neither always runs warm
+    a: list[float] = []
+    for r in range(rounds):
         if r % 2 == 0:
             o.append(ours())
             t.append(theirs())
         else:
             t.append(theirs())
             o.append(ours())
-    return summary(o, t)
+        if alone is not None:
+            a.append(alone())
+    return summary(o, t, a)
 
 
 def machine() -> dict[str, Any]:
@@ -359,7 +401,10 @@ def main() -> int:
             res = results["group"] = {}
             for norm in (False, True):
                 for g in (4, 16, 64):
-                    s = interleave(rounds, lambda: ours_group(g, norm, episodes), lambda: areal("group", g=g, norm=norm, episodes=episodes)["rate"])
+                    s = interleave(
+                        rounds, lambda: ours_group(g, norm, episodes), lambda: areal("group", g=g, norm=norm, episodes=episodes)["rate"],
+                        None if norm else lambda: trio_alone(g, episodes),
+                    )  # fmt: skip
                     res[f"G={g}{' norm' if norm else ''}"] = s
                     print(line(f"G={g:<3}{' + normalization' if norm else ''}", s, "ep/s", 1.1), flush=True)
         if "norm" in sections:
