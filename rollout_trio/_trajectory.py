@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
 
 from ._errors import RewardValueError, WorkflowContractError
+from ._io import ModelResponse
 from ._rollout_group import FLOAT32_MAX, RolloutGroup, as_reward_scalar
-
-if TYPE_CHECKING:
-    from ._io import ModelResponse
 
 __all__ = ["Trajectory"]
 
@@ -323,9 +321,10 @@ class Trajectory:
             "rewards": torch.tensor([float(as_reward_scalar(reward, what="reward"))], dtype=torch.float32),
             "is_truncated": torch.tensor([resp.stop_reason == "length"]),
         }
-        if extras or n_in + n_out == 0 or (lps and min(lps) < -FLOAT32_MAX):
-            # Extras are the caller's, an empty row and a logprob float32 cannot hold break a
-            # rule: the checking constructor names what is wrong.
+        if extras or type(resp) is not ModelResponse or n_in + n_out == 0 or (lps and min(lps) < -FLOAT32_MAX):
+            # Extras are the caller's, a look-alike response was never checked, an empty row
+            # and a logprob float32 cannot hold break a rule: the checking constructor names
+            # what is wrong.
             return cls(**fields, rollout_reward=rollout_reward, extras=extras)
         # Everything else holds by construction: the response's own checks (ids >= 0,
         # logprobs finite and <= 0) and the layout (loss_mask 0/1, -1 versions on the

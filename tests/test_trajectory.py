@@ -1,5 +1,7 @@
 """Trajectory validation, conversion and the single-turn row."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +104,17 @@ def test_from_response_builds_the_standard_row():
     assert t.is_truncated.tolist() == [True]
     with pytest.raises(WorkflowContractError, match="reward"):
         Trajectory.from_response(resp, reward=float("nan"))
+
+
+def test_from_response_checks_a_look_alike_response_it_cannot_trust():
+    """Only a real ModelResponse skips re-validation: a duck-typed one (an AReaL response,
+    a test double) goes through the checking constructor, which names the bad field."""
+    fake = SimpleNamespace(
+        input_tokens=(1, -2), output_tokens=(3,), output_logprobs=(-0.5,), output_versions=(0,),
+        input_len=2, output_len=1, stop_reason="stop",
+    )  # fmt: skip
+    with pytest.raises(WorkflowContractError, match="'input_ids': token ids must be non-negative"):
+        Trajectory.from_response(fake, reward=1.0)  # type: ignore[arg-type]
 
 
 def test_logical_group_defaults_to_one_rollout_of_all_rows():
