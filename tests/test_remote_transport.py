@@ -203,6 +203,28 @@ async def test_encoded_bodies_are_decoded_and_plain_ones_read_once() -> None:
     assert rs[1].headers["content-length"] == "8" and rs[1].http_version == "HTTP/1.1"
 
 
+async def test_the_sessions_own_framing_decodes_an_encoded_answer_however_the_header_is_spelled() -> None:
+    """HttpSession's direct path reads a plain answer's bytes as they came and decodes any
+    answer carrying a Content-Encoding header (the transport notes the header, whatever its case)."""
+    packed = gzip.compress(b'{"a": 1}')
+    server = RawServer(
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed),
+        b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed),
+        b'HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n{"b": 2}',
+    )
+
+    async def calls() -> list[Any]:
+        transport = TrioTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            session = HttpSession(client, transport)
+            base = f"http://127.0.0.1:{server.port}"
+            return [await session.call(base, HttpCall("POST", "/x", {}), timeout=5, direct=True) for _ in range(3)]
+
+    with trio.fail_after(5):
+        assert await with_server(server, calls) == [{"a": 1}, {"a": 1}, {"b": 2}]
+    assert server.connections == 1
+
+
 # --------------------------------------------------------------------- HttpSession: client and direct paths
 
 BASE = "http://127.0.0.1:9"

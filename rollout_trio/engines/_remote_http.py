@@ -283,7 +283,7 @@ class HttpSession:
             content = encode_json(call.json)
             data = b"%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (head, len(content), content)
         answer = await transport.exchange(origin, data, self._extensions["timeout"])
-        if answer.status < 400 and not any(name.lower() == b"content-encoding" for name, _ in answer.headers):
+        if answer.status < 400 and not answer.encoded:
             return answer.status, answer.content
         response = httpx.Response(answer.status, headers=answer.headers, stream=httpx.ByteStream(answer.content))
         response.read()  # a ByteStream: decodes Content-Encoding, no I/O

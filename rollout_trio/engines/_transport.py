@@ -119,7 +119,7 @@ class _Response:
     """httptools' callbacks for one response: collects the head and body, enforces the rules."""
 
     __slots__ = (
-        "body", "complete", "eof_delimited", "head_bytes", "head_done", "headers", "keep_alive",
+        "body", "complete", "encoded", "eof_delimited", "head_bytes", "head_done", "headers", "keep_alive",
         "max_body", "parser", "reason", "size", "skip_body", "status", "trailing", "version",
     )  # fmt: skip
 
@@ -135,6 +135,7 @@ class _Response:
         self.reason = b""
         self.version = "1.1"
         self.head_done = self.complete = self.trailing = self.keep_alive = self.eof_delimited = False
+        self.encoded = False  # a Content-Encoding header came: the body is not the content as sent
 
     # -- httptools callbacks (an exception raised here stops the parse)
 
@@ -166,6 +167,8 @@ class _Response:
                 raise _Malformed(f"unsupported transfer-encoding {value.decode('latin-1')!r}")
             if lname == b"content-length" or lname == b"transfer-encoding":
                 has_length = True
+            elif lname == b"content-encoding":
+                self.encoded = True
         if self.skip_body:
             self.complete = True
             self.keep_alive = parser.should_keep_alive()
@@ -340,7 +343,8 @@ class TrioTransport(httpx.AsyncBaseTransport):
 
         What ``handle_async_request`` does once the request is framed; callers that frame
         their own requests (``HttpSession``'s hot path) call it directly and read the
-        answer's ``status``, ``headers`` and ``content``. Raises httpx's exceptions.
+        answer's ``status``, ``headers``, ``encoded`` (a ``Content-Encoding`` header came)
+        and ``content``. Raises httpx's exceptions.
         """
         if self._closed:
             raise RuntimeError("TrioTransport: closed")
