@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import trio
 from rollout_trio import EngineConnectError, EngineProtocolError, EngineServerError, EngineTimeoutError
 from rollout_trio.engines._remote_http import HttpSession
 from rollout_trio.engines._remote_wire import HttpCall
-from rollout_trio.engines._transport import TrioTransport
+from rollout_trio.engines._transport import TrioTransport, _Conn, _Origin
 
 
 class RawServer:
@@ -163,6 +164,49 @@ async def test_cancel_closes_the_connection() -> None:
 
         await with_server(server, run)
     assert server.disconnects == 1
+
+
+async def test_a_cancelled_caller_sends_nothing_even_on_a_kept_connection() -> None:
+    """The transport writes with the socket's own send (no Trio checkpoint there): an
+    exchange entered already cancelled raises Cancelled before it writes a byte."""
+    server = RawServer()
+    seen: list[int] = []
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=TrioTransport()) as client:
+            url = f"http://127.0.0.1:{server.port}/x"
+            assert (await client.post(url, json={})).content == b"ok"  # one kept connection
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await client.post(url, json={})
+            assert scope.cancelled_caught
+            assert (await client.post(url, json={})).content == b"ok"  # the connection was not spoiled
+            seen.append(server.connections)
+
+    with trio.fail_after(5):
+        await with_server(server, run)
+    assert seen == [1] and server.answers == []
+
+
+async def test_an_exchange_is_a_checkpoint_even_when_the_answer_is_already_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant (Trio's checkpoint rule): exchange is a cancel point and a schedule point
+    even when the answer was waiting in the socket, so no read had to wait."""
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        theirs.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        monkeypatch.setattr(_Conn, "stale", lambda self: False)  # the waiting answer would make it stale
+        transport = TrioTransport()
+        pool = transport._origins[("peer", 1)] = _Origin(1)
+        transport._keep(pool, _Conn(trio.SocketStream(trio.socket.from_stdlib_socket(mine))))
+        try:
+            with trio.testing.assert_checkpoints():
+                answer = await transport.exchange(("peer", 1), b"GET / HTTP/1.1\r\nhost: peer\r\n\r\n", {})
+        finally:
+            await transport.aclose()
+        assert (answer.status, answer.content) == (200, b"ok")
+        assert theirs.recv(100).startswith(b"GET / HTTP/1.1")
 
 
 async def test_connect_errors_and_scheme() -> None:
