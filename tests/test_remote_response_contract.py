@@ -80,3 +80,70 @@ def test_a_remote_response_is_what_the_checking_constructor_accepts_or_a_protoco
     rebuilt = ModelResponse(**attrs.asdict(got, recurse=False))  # the checking constructor
     assert rebuilt == got
     assert len(got.output_tokens) == len(got.output_logprobs) == len(got.output_versions)
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    """A dict the SGLang parser's fast path does not take: it goes through field()."""
+
+
+class _List(list):  # type: ignore[type-arg]
+    """A list the parser's per-entry fast path does not take: the checking loop reads it."""
+
+
+class _Str(str):
+    """A str the parser's finish-reason fast path does not take."""
+
+
+def _checking_path(value: Any) -> Any:
+    """``value`` with every dict, list and str in it subclassed (same contents)."""
+    if isinstance(value, dict):
+        return _Dict({k: _checking_path(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return _List(_checking_path(v) for v in value)
+    if isinstance(value, str):
+        return _Str(value)
+    return value
+
+
+def _outcome(body: Any) -> Any:
+    from rollout_trio.engines._sglang import SGLangBackend
+
+    try:
+        seg = SGLangBackend().parse(body)
+    except EngineProtocolError as exc:  # a message names the type it got: the subclasses' names are not the point
+        return ("error", str(exc).replace("_Dict", "dict").replace("_List", "list").replace("_Str", "str"))
+    return (list(seg.tokens), [repr(x) for x in seg.logprobs], seg.stop_reason, seg.server_version, str(seg.message))
+
+
+_MISSING: Any = object()
+_odd = st.sampled_from([None, 3, "x", [], {}, True, -1, 1.5])
+_logprobs = st.one_of(st.floats(-30.0, 0.0), st.sampled_from([float("nan"), float("-inf"), 0.5, -9999.0, 0, -2, True]), _odd)
+_token_ids = st.one_of(st.integers(0, 300), st.sampled_from([-1, True, 2.0, "5"]), _odd)
+_entries = st.one_of(st.tuples(_logprobs, _token_ids, st.none()).map(list), st.tuples(_logprobs).map(list), _odd)
+
+
+@st.composite
+def sglang_bodies(draw: st.DrawFn) -> Any:
+    """SGLang /generate answers, well-formed or broken at any level."""
+    fr: Any = {
+        "type": draw(st.one_of(st.sampled_from(["stop", "length", "abort", "tool_calls", "eos"]), _odd)),
+        "message": draw(st.one_of(st.none(), st.just("paused"), _odd)),
+    }
+    meta: Any = {
+        "finish_reason": draw(st.one_of(st.just(fr), _odd, st.just(_MISSING))),
+        "output_token_logprobs": draw(st.one_of(st.lists(_entries, max_size=6), _odd, st.just(_MISSING))),
+        "weight_version": draw(st.one_of(st.sampled_from(["0", "7", "default", "v2", 4]), _odd, st.just(_MISSING))),
+    }
+    meta = {k: v for k, v in meta.items() if v is not _MISSING}
+    body: Any = {"text": "", "meta_info": draw(st.one_of(st.just(meta), st.just(meta), _odd, st.just(_MISSING)))}
+    return {k: v for k, v in body.items() if v is not _MISSING}
+
+
+@settings(max_examples=400, deadline=None)
+@given(sglang_bodies())
+def test_the_sglang_parsers_fast_path_answers_as_its_checking_path(body: Any) -> None:
+    """Invariant: SGLangBackend.parse gives the same segment (or the same
+    EngineProtocolError message, naming the field) whether it reads a body through its
+    fast path (plain dicts, lists and strs, as JSON decodes them) or, for the same
+    contents in subclassed containers, through field() and the checking loop."""
+    assert _outcome(body) == _outcome(_checking_path(body))

@@ -248,3 +248,32 @@ def test_router_picks_the_best_class_of_server_and_rotates_within_it(
         cls = [s for s in cls if s.in_flight == low]
     picks = [r.choose(f"r{i}", exclude) for i in range(len(cls))]
     assert set(picks) == set(cls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 6),
+    steps=st.lists(st.tuples(st.sets(st.integers(0, 5)), st.sets(st.integers(0, 5))), min_size=1, max_size=12),
+    start=st.integers(0, 100),
+)
+def test_round_robin_takes_the_first_usable_server_from_its_cursor(
+    n: int, steps: list[tuple[set[int], set[int]]], start: int
+) -> None:
+    """Invariant: with up/down marks and exclusions changing between picks, round robin
+    picks exactly what a walk from its cursor picks: the first server that is up and not
+    excluded, else the first not excluded, else the next one; the cursor moves past it."""
+    ss = servers(n)
+    r = Router(ss, affinity_size=0, rng=random.Random(start))
+    cursor = random.Random(start).randrange(n)
+    for down, excluded in steps:
+        for i, s in enumerate(ss):
+            s.up = i not in down
+        exclude = {ss[i] for i in excluded if i < n}
+        for rule in (lambda s: s.up and s not in exclude, lambda s: s not in exclude, lambda s: True):
+            order = [(cursor + k) % n for k in range(n)]
+            hit = next((i for i in order if rule(ss[i])), None)
+            if hit is not None:
+                break
+        assert hit is not None
+        assert r.choose("rid", exclude) is ss[hit]
+        cursor = (hit + 1) % n

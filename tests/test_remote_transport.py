@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import trio
 from rollout_trio import EngineConnectError, EngineProtocolError, EngineServerError, EngineTimeoutError
 from rollout_trio.engines._remote_http import HttpSession
 from rollout_trio.engines._remote_wire import HttpCall
-from rollout_trio.engines._transport import TrioTransport
+from rollout_trio.engines._transport import TrioTransport, _Conn, _Origin
 
 
 class RawServer:
@@ -165,6 +166,49 @@ async def test_cancel_closes_the_connection() -> None:
     assert server.disconnects == 1
 
 
+async def test_a_cancelled_caller_sends_nothing_even_on_a_kept_connection() -> None:
+    """The transport writes with the socket's own send (no Trio checkpoint there): an
+    exchange entered already cancelled raises Cancelled before it writes a byte."""
+    server = RawServer()
+    seen: list[int] = []
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=TrioTransport()) as client:
+            url = f"http://127.0.0.1:{server.port}/x"
+            assert (await client.post(url, json={})).content == b"ok"  # one kept connection
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await client.post(url, json={})
+            assert scope.cancelled_caught
+            assert (await client.post(url, json={})).content == b"ok"  # the connection was not spoiled
+            seen.append(server.connections)
+
+    with trio.fail_after(5):
+        await with_server(server, run)
+    assert seen == [1] and server.answers == []
+
+
+async def test_an_exchange_is_a_checkpoint_even_when_the_answer_is_already_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invariant (Trio's checkpoint rule): exchange is a cancel point and a schedule point
+    even when the answer was waiting in the socket, so no read had to wait."""
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        theirs.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        monkeypatch.setattr(_Conn, "stale", lambda self: False)  # the waiting answer would make it stale
+        transport = TrioTransport()
+        pool = transport._origins[("peer", 1)] = _Origin(1)
+        transport._keep(pool, _Conn(trio.SocketStream(trio.socket.from_stdlib_socket(mine))))
+        try:
+            with trio.testing.assert_checkpoints():
+                answer = await transport.exchange(("peer", 1), b"GET / HTTP/1.1\r\nhost: peer\r\n\r\n", {})
+        finally:
+            await transport.aclose()
+        assert (answer.status, answer.content) == (200, b"ok")
+        assert theirs.recv(100).startswith(b"GET / HTTP/1.1")
+
+
 async def test_connect_errors_and_scheme() -> None:
     with trio.fail_after(5):
         async with httpx.AsyncClient(transport=TrioTransport()) as client:
@@ -201,6 +245,28 @@ async def test_encoded_bodies_are_decoded_and_plain_ones_read_once() -> None:
     assert [r.json() for r in rs] == [{"a": 1}, {"b": 2}]
     assert all(r.is_closed and r.is_stream_consumed for r in rs)
     assert rs[1].headers["content-length"] == "8" and rs[1].http_version == "HTTP/1.1"
+
+
+async def test_the_sessions_own_framing_decodes_an_encoded_answer_however_the_header_is_spelled() -> None:
+    """HttpSession's direct path reads a plain answer's bytes as they came and decodes any
+    answer carrying a Content-Encoding header (the transport notes the header, whatever its case)."""
+    packed = gzip.compress(b'{"a": 1}')
+    server = RawServer(
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed),
+        b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(packed), packed),
+        b'HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n{"b": 2}',
+    )
+
+    async def calls() -> list[Any]:
+        transport = TrioTransport()
+        async with httpx.AsyncClient(transport=transport, timeout=None) as client:
+            session = HttpSession(client, transport)
+            base = f"http://127.0.0.1:{server.port}"
+            return [await session.call(base, HttpCall("POST", "/x", {}), timeout=5, direct=True) for _ in range(3)]
+
+    with trio.fail_after(5):
+        assert await with_server(server, calls) == [{"a": 1}, {"a": 1}, {"b": 2}]
+    assert server.connections == 1
 
 
 # --------------------------------------------------------------------- HttpSession: client and direct paths

@@ -913,12 +913,13 @@ class RemoteEngine:
             return [label] * len(seg.tokens)
         if not self._verify:
             return list(reported)
-        for i in range(1, len(reported)):
-            if reported[i] < reported[i - 1]:
-                raise VersionMismatchError(
-                    f"{server.base_url}: weight versions go backwards within a segment "
-                    f"({reported[i - 1]} then {reported[i]} at token {i})"
-                )
+        if seg.versions is not None:  # per-token versions (one server-wide version cannot go backwards)
+            for i in range(1, len(reported)):
+                if reported[i] < reported[i - 1]:
+                    raise VersionMismatchError(
+                        f"{server.base_url}: weight versions go backwards within a segment "
+                        f"({reported[i - 1]} then {reported[i]} at token {i})"
+                    )
         if floor is not None and reported[0] < floor:
             raise VersionMismatchError(
                 f"{server.base_url}: reports weight version {reported[0]} for tokens of a segment sent when "

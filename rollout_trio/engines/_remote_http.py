@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import attrs
 import httpx
+import orjson
 import trio
 
 from .._errors import (
@@ -37,17 +38,55 @@ from .._errors import (
 from ._remote_wire import HttpCall
 from ._transport import LocalResourceError, ResponseTooLarge, TrioTransport, frame_head
 
-__all__ = ["HttpSession", "RetryPolicy", "is_retriable", "map_transport_error", "retrying"]
+__all__ = ["HttpSession", "RetryPolicy", "decode_json", "encode_json", "is_retriable", "map_transport_error", "retrying"]
 
 T = TypeVar("T")
 
 _PLAIN_RAW = [(b"user-agent", b"rollout-trio"), (b"accept", b"application/json")]
 _JSON_TYPE = (b"content-type", b"application/json")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-# One encoder and one decoder for every body: json.dumps with arguments builds a new
-# encoder per call, and json.loads sniffs the encoding of bytes (the servers send UTF-8).
+# The standard library's encoder and decoder, built once: what encode_json and decode_json
+# fall back to where orjson would say something else.
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode
 _decode_json = json.JSONDecoder().decode
+# Subclasses of str/int/dict/list, dataclasses and datetimes: left to the standard library.
+_ORJSON_PLAIN = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def encode_json(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON: what ``json.dumps(value, separators=(",", ":"))``
+    says, about ten times cheaper.
+
+    orjson writes it. Where orjson would refuse, or say something else, the standard
+    library writes it: an int beyond 64 bits, a lone surrogate, a NaN or infinity (orjson
+    writes ``null`` for those, so any ``null`` in its output sends the value that way), a
+    subclass of a JSON type. Non-ASCII text goes out as UTF-8 rather than ``\\u`` escapes:
+    the same JSON value.
+    """
+    try:
+        data = orjson.dumps(value, option=_ORJSON_PLAIN)
+    except TypeError:  # orjson.JSONEncodeError
+        return _encode_json(value).encode()
+    if b"null" in data:
+        return _encode_json(value).encode()
+    return data
+
+
+def decode_json(content: bytes) -> Any:
+    """The JSON value of a UTF-8 body, as ``json.loads`` reads it, about three times cheaper.
+
+    orjson reads it. A body orjson refuses is read by the standard library (which also
+    accepts ``NaN``, ``Infinity``, ``1e400`` and lone surrogates, for the validators to
+    reject by field name) or raises its ``ValueError``. One difference: orjson reads an
+    integer beyond 64 bits as a float, which every field that wants an int rejects.
+
+    Raises:
+        ValueError: not UTF-8 JSON (``UnicodeDecodeError`` or ``json.JSONDecodeError``).
+    """
+    try:
+        return orjson.loads(content)
+    except ValueError:  # orjson.JSONDecodeError
+        return _decode_json(content.decode())
 
 
 @attrs.frozen(kw_only=True)
@@ -156,7 +195,7 @@ class HttpSession:
             content = b""
             headers = fixed
         else:
-            content = _encode_json(call.json).encode()
+            content = encode_json(call.json)
             headers = [*fixed, _JSON_TYPE]
         if content or call.method in _BODY_METHODS:
             headers = [*headers, (b"content-length", b"%d" % len(content))]
@@ -215,7 +254,7 @@ class HttpSession:
         if not expect_json:
             return None
         try:
-            return _decode_json(content.decode())  # UnicodeDecodeError is a ValueError
+            return decode_json(content)
         except ValueError as exc:
             raise EngineProtocolError(
                 f"{_where(base_url, call)}: HTTP {status} body is not JSON: {content[:200]!r}"
@@ -241,10 +280,10 @@ class HttpSession:
             tail = b"content-length: 0\r\n\r\n" if call.method in _BODY_METHODS else b"\r\n"
             data = head + tail
         else:
-            content = _encode_json(call.json).encode()
+            content = encode_json(call.json)
             data = b"%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (head, len(content), content)
         answer = await transport.exchange(origin, data, self._extensions["timeout"])
-        if answer.status < 400 and not any(name.lower() == b"content-encoding" for name, _ in answer.headers):
+        if answer.status < 400 and not answer.encoded:
             return answer.status, answer.content
         response = httpx.Response(answer.status, headers=answer.headers, stream=httpx.ByteStream(answer.content))
         response.read()  # a ByteStream: decodes Content-Encoding, no I/O

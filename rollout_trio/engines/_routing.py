@@ -147,6 +147,12 @@ class Router:
         """The next server by strategy among those up and not excluded, else among those
         not excluded, else among all. No per-request list of candidates for round robin:
         the walk from its cursor is O(1) while most servers are usable."""
+        if self.strategy == "round_robin":  # the common case, without building the rules
+            n = len(self.servers)
+            first = self.servers[self._rr % n]
+            if first.up and first not in exclude:
+                self._rr = (self._rr + 1) % n
+                return first
         rules: tuple[Callable[[Server], bool], ...] = (
             lambda s: s.up and s not in exclude,
             lambda s: s not in exclude,

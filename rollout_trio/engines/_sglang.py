@@ -69,9 +69,17 @@ class SGLangBackend:
             EngineProtocolError: a field is missing, mistyped or inconsistent.
         """
         where = "SGLang /generate"
-        meta = field(body, "meta_info", kind=dict, where=where)
-        fr = field(meta, "finish_reason", kind=dict, where=where + " meta_info")
-        kind = field(fr, "type", kind=str, where=where + " meta_info.finish_reason")
+        # The well-formed case looked up directly; anything else through field(), which
+        # raises naming the JSON path.
+        meta = body.get("meta_info") if type(body) is dict else None
+        if type(meta) is not dict:
+            meta = field(body, "meta_info", kind=dict, where=where)
+        fr = meta.get("finish_reason")
+        if type(fr) is not dict:
+            fr = field(meta, "finish_reason", kind=dict, where=where + " meta_info")
+        kind = fr.get("type")
+        if type(kind) is not str:
+            kind = field(fr, "type", kind=str, where=where + " meta_info.finish_reason")
         if kind not in _STOPS:
             raise EngineProtocolError(f"{where}: meta_info.finish_reason.type: unknown value {kind!r}")
         message = fr.get("message") or ""

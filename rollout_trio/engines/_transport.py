@@ -1,4 +1,4 @@
-"""``TrioTransport``: an httpx transport with an O(1), bounded connection pool on Trio sockets.
+"""``TrioTransport``: an httpx transport with an O(1), bounded connection pool on Trio's I/O waits.
 
 httpx's default transport (httpcore) rescans every pooled connection on every request
 event (``_assign_requests_to_connections``), so at 128 concurrent requests most of the
@@ -34,6 +34,7 @@ from __future__ import annotations
 import errno
 import re
 import select
+import socket
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -119,7 +120,7 @@ class _Response:
     """httptools' callbacks for one response: collects the head and body, enforces the rules."""
 
     __slots__ = (
-        "body", "complete", "eof_delimited", "head_bytes", "head_done", "headers", "keep_alive",
+        "body", "complete", "encoded", "eof_delimited", "head_bytes", "head_done", "headers", "keep_alive",
         "max_body", "parser", "reason", "size", "skip_body", "status", "trailing", "version",
     )  # fmt: skip
 
@@ -135,6 +136,7 @@ class _Response:
         self.reason = b""
         self.version = "1.1"
         self.head_done = self.complete = self.trailing = self.keep_alive = self.eof_delimited = False
+        self.encoded = False  # a Content-Encoding header came: the body is not the content as sent
 
     # -- httptools callbacks (an exception raised here stops the parse)
 
@@ -166,6 +168,8 @@ class _Response:
                 raise _Malformed(f"unsupported transfer-encoding {value.decode('latin-1')!r}")
             if lname == b"content-length" or lname == b"transfer-encoding":
                 has_length = True
+            elif lname == b"content-encoding":
+                self.encoded = True
         if self.skip_body:
             self.complete = True
             self.keep_alive = parser.should_keep_alive()
@@ -235,17 +239,22 @@ class _Malformed(Exception):
 
 
 class _Conn:
-    """One keep-alive connection: its Trio socket, and when it went idle.
+    """One keep-alive connection: its non-blocking socket, and when it went idle.
 
-    I/O goes through the Trio socket itself (``send``/``recv``), not ``SocketStream``:
-    one request is one ``send`` and a few ``recv`` s, and the stream's conflict
-    detector and error-translation context managers cost more than that here.
+    I/O is the standard library socket's own ``send``/``recv``, waiting with
+    ``trio.lowlevel.wait_writable``/``wait_readable`` only when the kernel says it would
+    block: a Trio socket wraps each call in a checkpoint sandwich (an async context manager
+    and a helper coroutine), and ``SocketStream`` adds a conflict detector and error
+    translation on top. :meth:`TrioTransport.exchange` keeps the checkpoint rule itself
+    (one cancel point before it sends, one schedule point after).
     """
 
     __slots__ = ("idle_since", "sock")
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        self.sock = stream.socket  # owns the connection from here on (TCP_NODELAY is set)
+        # Owns the connection from here on (the socket options, TCP_NODELAY included, stay).
+        self.sock = socket.socket(fileno=stream.socket.detach())
+        self.sock.setblocking(False)
         self.idle_since = 0.0
 
     def stale(self) -> bool:
@@ -261,6 +270,7 @@ class _Conn:
         return bool(readable)
 
     def close(self) -> None:
+        trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
 
 
@@ -340,10 +350,12 @@ class TrioTransport(httpx.AsyncBaseTransport):
 
         What ``handle_async_request`` does once the request is framed; callers that frame
         their own requests (``HttpSession``'s hot path) call it directly and read the
-        answer's ``status``, ``headers`` and ``content``. Raises httpx's exceptions.
+        answer's ``status``, ``headers``, ``encoded`` (a ``Content-Encoding`` header came)
+        and ``content``. Raises httpx's exceptions.
         """
         if self._closed:
             raise RuntimeError("TrioTransport: closed")
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing (a cancel point)
         pool = self._origins.get(origin)
         if pool is None:
             pool = self._origins[origin] = _Origin(self.limits.max_connections_per_server)
@@ -356,14 +368,12 @@ class TrioTransport(httpx.AsyncBaseTransport):
                 conn = await self._connect(origin, timeouts.get("connect", self.connect_timeout), request)
             reusable = False
             try:
-                try:
-                    sent = await conn.sock.send(data)
-                    if sent < len(data):
-                        view = memoryview(data)[sent:]
-                        while view:
-                            view = view[await conn.sock.send(view) :]
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    raise httpx.WriteError(str(exc) or "write failed", request=request) from exc
+                await _send(conn.sock, data, request)
+                # A schedule point, as a Trio socket's send is: other tasks run while the
+                # server answers, so the read below often finds the answer there already
+                # (no wait registered with the kernel; at 128 requests in flight that is
+                # cheaper than reading at once).
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 answer = await _read_response(conn, request, timeouts.get("read"), self.max_body_bytes, head)
                 reusable = answer.keep_alive and not answer.trailing and not answer.eof_delimited
             finally:
@@ -535,27 +545,49 @@ def _frame(request: httpx.Request, body: bytes) -> bytes:
     return b"\r\n".join(lines)
 
 
-async def _receive(conn: _Conn, request: httpx.Request | None, timeout: float | None) -> bytes:
+async def _send(sock: socket.socket, data: bytes, request: httpx.Request | None) -> None:
+    """Send all of ``data``, waiting for the socket only when it would block."""
+    view = memoryview(data)
     try:
-        if timeout is None:
-            return await conn.sock.recv(RECV)
-        with trio.fail_after(timeout):
-            return await conn.sock.recv(RECV)
-    except trio.TooSlowError:
-        raise httpx.ReadTimeout("read timed out", request=request) from None
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        raise httpx.ReadError(str(exc) or "read failed", request=request) from exc
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+    except (trio.ClosedResourceError, OSError) as exc:
+        raise httpx.WriteError(str(exc) or "write failed", request=request) from exc
 
 
 async def _read_response(
     conn: _Conn, request: httpx.Request | None, timeout: float | None, max_body: int, head: bool
 ) -> _Response:
-    """Read one whole response (interim 1xx answers skipped)."""
+    """Read one whole response (interim 1xx answers skipped), each wait for data within
+    ``timeout``. Not a checkpoint by itself when the answer is there already: the caller's."""
     answer = _Response(max_body, skip_body=head)
+    sock = conn.sock
     while not answer.complete:
-        data = await _receive(conn, request, timeout)
+        try:
+            data = sock.recv(RECV)
+        except BlockingIOError:
+            await _wait_readable(sock, request, timeout)
+            continue
+        except OSError as exc:
+            raise httpx.ReadError(str(exc) or "read failed", request=request) from exc
         if not data:
             answer.end_of_stream(request)
             break
         answer.feed(data, request)
     return answer
+
+
+async def _wait_readable(sock: socket.socket, request: httpx.Request | None, timeout: float | None) -> None:
+    try:
+        if timeout is None:
+            await trio.lowlevel.wait_readable(sock)
+            return
+        with trio.fail_after(timeout):
+            await trio.lowlevel.wait_readable(sock)
+    except trio.TooSlowError:
+        raise httpx.ReadTimeout("read timed out", request=request) from None
+    except trio.ClosedResourceError as exc:
+        raise httpx.ReadError(str(exc) or "read failed", request=request) from exc
