@@ -14,7 +14,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .._trajectory import Trajectory
 
 __all__ = ["ExecutorObserver", "Status", "bind", "emit", "oldest_version"]
 
@@ -69,21 +72,28 @@ def _late_lookup(observer: Any, method: str, *args: Any, **kwargs: Any) -> None:
 _AS_LIST = 1024  # up to this many entries, reading a tensor into Python beats tensor ops
 
 
+@functools.cache
+def _trajectory_class() -> type[Trajectory]:
+    from .._trajectory import Trajectory  # on first use: importing the package loads no torch
+
+    return Trajectory
+
+
 def oldest_version(result: Any) -> int | None:
     """The lowest weight version of any output token in ``result`` (None when none has one).
 
     ``result`` is a :class:`~rollout_trio.Trajectory` or a dict of interactions.
     """
-    from .._trajectory import Trajectory
-
-    if isinstance(result, Trajectory):
+    if isinstance(result, _trajectory_class()):
         versions = result.versions
         if versions is None:
             return None
-        if versions.numel() <= _AS_LIST and versions.device.type == "cpu":
-            # Short rows (the common case): one copy out, then Python; a masked select and
-            # a reduction cost ~20 us in tensor-op overheads alone.
-            found = [v for v in versions.reshape(-1).tolist() if v >= 0]  # reshape: a sliced row may not be contiguous
+        if versions.numel() <= _AS_LIST and versions.is_cpu:
+            # Short rows (the common case, for every accepted task): one copy out, then
+            # Python; a masked select and a reduction cost ~20 us in tensor-op overheads.
+            # tolist() follows the strides, so a sliced (non-contiguous) row reads right.
+            rows = versions.tolist()
+            found = [v for row in rows for v in row if v >= 0] if versions.ndim == 2 else [v for v in rows if v >= 0]
             return min(found) if found else None
         kept = versions[versions >= 0]
         return int(kept.min()) if kept.numel() else None
