@@ -149,12 +149,15 @@ async def test_rid_affinity_keeps_a_conversation_on_one_server() -> None:
 
 async def test_least_in_flight_spreads_concurrent_requests() -> None:
     hits: dict[str, int] = {}
+    all_arrived = trio.Event()  # every answer waits until all 8 requests are in flight
 
     def slow(name: str) -> Any:
         async def script(method: str, path: str, body: Any) -> Reply:
             if path == "/generate":
                 hits[name] = hits.get(name, 0) + 1
-                await trio.sleep(0.2)
+                if sum(hits.values()) == 8:
+                    all_arrived.set()
+                await all_arrived.wait()
                 return 200, sglang_body([1])
             return await default_reply(method, path, body)
 

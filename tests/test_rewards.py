@@ -2,7 +2,6 @@
 
 import os
 import threading
-import time
 
 import pytest
 import trio
@@ -39,23 +38,38 @@ async def test_thread_rewards_compute_off_the_event_loop():
 
 
 async def test_thread_rewards_share_a_capacity_limiter():
+    """Six calls of a two-thread reward: once every call is either running or queued on
+    the limiter (state, polled), exactly two run; the others start as those finish."""
     running, peak = 0, 0
     lock = threading.Lock()
+    go = threading.Event()
 
-    def slow(_):
+    def held(_):
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.05)
+        assert go.wait(timeout=30), "never released"
         with lock:
             running -= 1
         return 1.0
 
-    reward = RewardFunction(slow, max_workers=2)
-    async with trio.open_nursery() as n:
-        for i in range(6):
-            n.start_soon(reward, i)
+    reward = RewardFunction(held, max_workers=2)
+    limiter = reward._limiter
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            for i in range(6):
+                n.start_soon(reward, i)
+            while True:  # every call arrived: in a thread (counted) or waiting for one
+                stats = limiter.statistics()
+                with lock:
+                    arrived = running == stats.borrowed_tokens and running + stats.tasks_waiting == 6
+                if arrived:
+                    break
+                await trio.sleep(0.001)
+            with lock:
+                assert running == 2
+            go.set()
     assert peak == 2
 
 

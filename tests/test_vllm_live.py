@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from rollout_trio import GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
@@ -60,16 +63,37 @@ async def test_stop_token_is_reported() -> None:
     assert resp.stop_reason == "stop" and resp.output_tokens[-1] == stop_id
 
 
-async def finished_counts() -> dict[str, float]:
-    """vLLM's Prometheus counters of finished requests by reason."""
+async def metric_samples() -> list[Sample]:
+    """Every sample of the server's /metrics, read with prometheus-client's parser."""
     async with httpx.AsyncClient() as client:
         text = (await client.get(URL.rstrip("/") + "/metrics")).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+async def metric(name: str) -> float:
+    """Sample ``name`` summed over its labels (engines, models)."""
+    return sum(s.value for s in await metric_samples() if s.name == name)
+
+
+async def finished_counts() -> dict[str, float]:
+    """vLLM's counters of finished requests, by reason."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:request_success_total{"):
-            reason = line.split('finished_reason="')[1].split('"')[0]
-            out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    for s in await metric_samples():
+        if s.name == "vllm:request_success_total":
+            reason = s.labels["finished_reason"]
+            out[reason] = out.get(reason, 0.0) + s.value
     return out
+
+
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    """Poll the server's state until ``check()`` holds (the caller's deadline bounds it)."""
+    while not await check():
+        await trio.sleep(0.05)
+
+
+async def generating_since(tokens_before: float) -> bool:
+    """A request runs on the server and has produced a token since ``tokens_before``."""
+    return await metric("vllm:num_requests_running") >= 1 and await metric("vllm:generation_tokens_total") > tokens_before
 
 
 async def test_cancelled_requests_are_aborted_on_the_server() -> None:
@@ -84,7 +108,11 @@ async def test_cancelled_requests_are_aborted_on_the_server() -> None:
                             eng.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g, rid=f"live-cancel-{i}")
                         )
             assert scope.cancelled_caught
-            await trio.sleep(3)  # ample time for 4 x 480 tokens, had they not been aborted
+
+            async def idle() -> bool:
+                return await metric("vllm:num_requests_running") == 0 and await metric("vllm:num_requests_waiting") == 0
+
+            await until(idle)  # aborted, or (without the aborts) run to their 480 tokens
             after = await finished_counts()
             resp = await eng.agenerate(
                 ModelRequest(input_ids=PROMPT, gconfig=GenerationConfig(max_new_tokens=2, ignore_eos=True))
@@ -109,9 +137,10 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
             async def gen() -> None:
                 result.append(await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g, rid="live-pause")))
 
+            tokens = await metric("vllm:generation_tokens_total")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(gen)
-                await trio.sleep(0.3)
+                await until(lambda: generating_since(tokens))  # mid-generation on the server
                 await eng.update_weights("/unused", 1)  # pause (abort mode), relabel "1", resume
             await eng.update_weights("/unused", 0)  # leave the server as found
     (resp,) = result
@@ -138,9 +167,10 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
             async def run() -> None:
                 result["r"] = await client.post(base + gen.path, json=gen.json)
 
+            tokens = await metric("vllm:generation_tokens_total")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run)
-                await trio.sleep(0.2)
+                await until(lambda: generating_since(tokens))  # it has produced a token
                 r = await client.post(base + abort.path, json=abort.json)
                 assert r.status_code == 200
     seg = backend.parse(result["r"].json())
