@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -400,15 +402,31 @@ async def test_a_file_where_a_directory_should_be_is_counted_not_raised(tmp_path
     assert "task 1" in caplog.text
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-async def test_permission_denied_is_counted_not_raised(tmp_path, dumper):
-    (tmp_path / "e/t").mkdir(parents=True)
-    (tmp_path / "e/t").chmod(0o500)
+@contextlib.contextmanager
+def refusing_writes(directory: Path) -> Iterator[None]:
+    """``directory`` where the OS refuses new files: mode 0o500 for a user; for root, whom
+    modes do not stop, a read-only tmpfs mounted over it."""
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        try:
+            yield
+        finally:
+            directory.chmod(0o700)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(directory)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root ignores modes and cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
     try:
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+async def test_a_directory_refusing_writes_is_counted_not_raised(tmp_path, dumper):
+    (tmp_path / "e/t").mkdir(parents=True)
+    with refusing_writes(tmp_path / "e/t"):
         async with dumper:
             assert await dumper.dump(traj([[1, 2]], [[0, 1]], [[-1, 0]]), task_id=1) is False
-    finally:
-        (tmp_path / "e/t").chmod(0o700)
     assert dumper.statistics().dump_failed == 1
 
 
