@@ -506,7 +506,8 @@ class RolloutExecutor:
         assert scope is not None
         task.start_time = trio.current_time()
         task.start_version = self.get_version()
-        emit(self._on_started, "task_started", task.task_id, version=task.start_version, time=task.start_time)
+        if self._observers:
+            emit(self._on_started, "task_started", task.task_id, version=task.start_version, time=task.start_time)
         if self.config.episode_timeout is not None:
             scope.deadline = task.start_time + self.config.episode_timeout
         outcome: tuple[Status, str | None, Result | None] | None = None

@@ -14,10 +14,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from .._trajectory import Trajectory
+from .._trajectory import Trajectory
 
 __all__ = ["ExecutorObserver", "Status", "bind", "emit", "oldest_version"]
 
@@ -72,19 +71,12 @@ def _late_lookup(observer: Any, method: str, *args: Any, **kwargs: Any) -> None:
 _AS_LIST = 1024  # up to this many entries, reading a tensor into Python beats tensor ops
 
 
-@functools.cache
-def _trajectory_class() -> type[Trajectory]:
-    from .._trajectory import Trajectory  # on first use: importing the package loads no torch
-
-    return Trajectory
-
-
 def oldest_version(result: Any) -> int | None:
     """The lowest weight version of any output token in ``result`` (None when none has one).
 
     ``result`` is a :class:`~rollout_trio.Trajectory` or a dict of interactions.
     """
-    if isinstance(result, _trajectory_class()):
+    if isinstance(result, Trajectory):
         versions = result.versions
         if versions is None:
             return None

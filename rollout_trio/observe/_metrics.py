@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from .._trajectory import Trajectory
 from ..executor._observer import Status, oldest_version
 
 __all__ = ["ExecutorMetrics", "ObservedTransport", "WindowRate", "result_size", "watch_loop_lag"]
@@ -95,7 +96,6 @@ class _RateCollector(Collector):
 
 
 _last_size: tuple[Any, tuple[int, int, list[float]]] | None = None
-_Trajectory: Any = None  # rollout_trio.Trajectory, imported on first use (import cycles)
 #: above this many loss-mask elements one torch reduction is cheaper than a Python list.
 _LIST_SUM_MAX = 4096
 
@@ -114,12 +114,7 @@ def result_size(result: Any) -> tuple[int, int, list[float]]:
 
 
 def _result_size(result: Any) -> tuple[int, int, list[float]]:
-    global _Trajectory
-    if _Trajectory is None:
-        from .._trajectory import Trajectory
-
-        _Trajectory = Trajectory
-    if isinstance(result, _Trajectory):
+    if isinstance(result, Trajectory):
         ids = result.input_ids
         rows = ids.shape[0] if ids.ndim > 1 else 1
         mask = result.loss_mask
