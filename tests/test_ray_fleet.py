@@ -1,0 +1,213 @@
+"""rollout_trio.ray (issue 33): a fleet placed by Ray on a real multi-node cluster.
+
+The cluster test runs tests/ray_scenario.py in a network namespace of its own that has only
+loopback (``unshare --net``): Ray binds to the host's network address even when told
+127.0.0.1, and nothing here may send traffic anywhere but loopback. It needs root (as CI
+has) and Ray (the test extra installs it); elsewhere it says why it skips.
+
+The process-ownership tests need no cluster: a fleet's server must die with the actor that
+started it, and stopping it must reach its whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rollout_trio.ray._process import OwnedProcess, RayFleetError, missing_binary, router_argv, server_argv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_server_process_dies_with_the_process_that_owns_it():
+    """SIGKILL of the owner (what a lost node or ``ray.kill`` does to an actor) kills its server."""
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import os, sys, time
+                from rollout_trio.ray._process import OwnedProcess
+                child = OwnedProcess("server 0", [sys.executable, "-c", "import time; time.sleep(600)"], os.environ)
+                print(child.pid, flush=True)
+                time.sleep(600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    try:
+        assert owner.stdout is not None
+        child = int(owner.stdout.readline())
+        assert _alive(child)
+        owner.kill()
+        owner.wait()
+        assert _wait_gone(child), f"the server (pid {child}) outlived its owner"
+    finally:
+        owner.kill()
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+
+
+def test_stop_reaches_the_servers_own_children():
+    """A server's children (its process group) stop with it; a SIGTERM-deaf one is killed."""
+    script = textwrap.dedent(
+        """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        kid = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        print(kid.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    owned = OwnedProcess("server 0", [sys.executable, "-c", script], os.environ)
+    deadline = time.monotonic() + 60
+    kid = None
+    while kid is None and time.monotonic() < deadline:
+        with open(owned.log_path) as f:
+            first = f.readline().strip()
+        kid = int(first) if first.isdigit() else None
+        time.sleep(0.05)
+    assert kid is not None and _alive(kid)
+    owned.stop(0.5)
+    assert not owned.alive()
+    assert _wait_gone(kid), "the server's child survived stop()"
+    assert not os.path.exists(owned.log_path)
+
+
+def test_a_failed_start_names_the_last_thing_the_server_said():
+    owned = OwnedProcess("server 3", [sys.executable, "-c", "import sys; print('no such model: /ckpt'); sys.exit(4)"], os.environ)
+    owned.process.wait(60)
+    assert owned.describe_exit() == "server 3 exited with status 4: no such model: /ckpt"
+    owned.stop(1.0)
+
+
+def test_command_lines_carry_the_key_where_each_server_reads_it():
+    """rollout-trio serve reads its key from the environment (not visible in ps); SGLang and
+    vLLM take --api-key; the router uses the key with its workers and for its control plane."""
+    ours = server_argv("rollout-trio", ["--seed", "0"], "10.1.2.3", 9000, "k")
+    assert ours[1:] == ["-m", "rollout_trio", "serve", "--seed", "0", "--host", "10.1.2.3", "--port", "9000"]
+    assert server_argv("sglang", [], "h", 1, "k")[-2:] == ["--api-key", "k"]
+    assert server_argv("vllm", ["m"], "h", 1, None) == ["vllm", "serve", "m", "--host", "h", "--port", "1"]
+    router = router_argv([], "h", 2, 3, ["http://h:1"], "k")
+    assert router[router.index("--api-key") + 1] == "k"
+    assert router[router.index("--control-plane-api-keys") + 1].endswith(":admin:k")
+    with pytest.raises(ValueError, match="server kind: must be one of rollout-trio, sglang, vllm, got 'tgi'"):
+        server_argv("tgi", [], "h", 1, None)
+
+
+def test_missing_binary_names_what_is_missing():
+    assert missing_binary("rollout-trio") is None
+    if not any(os.access(os.path.join(d, "vllm"), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep)):
+        assert missing_binary("vllm") == "the vllm command"
+
+
+async def test_open_ray_fleet_refuses_bad_arguments_before_touching_ray():
+    from rollout_trio.ray import open_ray_fleet
+
+    for kwargs, message in [
+        ({"servers": 0}, "servers: must be at least 1, got 0"),
+        ({"servers": 1, "server": "tgi"}, "server: must be one of"),
+        ({"servers": 1, "num_cpus": -1}, "num_cpus: must be a finite number >= 0"),
+        ({"servers": 1, "num_cpus": 0}, "a server must reserve something"),
+        ({"servers": 1, "health_interval": 0}, "health_interval: must be a finite number > 0"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            async with open_ray_fleet(**kwargs):
+                pass
+    assert isinstance(RayFleetError("x"), RuntimeError)
+
+
+def _namespace_unavailable() -> str | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed (pip install -e '.[ray]')"
+    if os.geteuid() != 0:
+        return "needs root for a loopback-only network namespace (unshare --net)"
+    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"unshare --net failed here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    """tests/ray_scenario.py's findings: a 4-node cluster, 3 servers, a node lost under load."""
+    why = _namespace_unavailable()
+    if why:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("ray") / "out.json"
+    command = f"ip link set lo up && exec {sys.executable} -m tests.ray_scenario {out}"
+    run = subprocess.run(
+        ["unshare", "--net", "sh", "-c", command],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT, RAY_USAGE_STATS_ENABLED="0"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, f"the scenario crashed:\n{run.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_a_node_lost_under_load_loses_no_group_and_is_replaced_elsewhere(scenario):
+    """3 servers on 3 nodes; the node of server 1 is removed mid-run with a weight update
+    during the loss: every group is accepted, the replacement starts on the spare node and
+    serves the fleet's new version."""
+    assert len(set(scenario["pids_at_start"])) == 3
+    assert scenario["stats"]["failed"] == 0 and scenario["stats"]["rejected"] == 0, scenario["stats"]
+    assert scenario["stats"]["accepted"] == scenario["accepted_trajectories"] == 13 * 4  # 13 batches of 4
+    assert scenario["updated_to"] == scenario["engine_version"] == 1
+    assert scenario["replacement_on_another_node"] is True
+    assert scenario["nodes_in_use"] == 3
+    assert scenario["replacement_serves_version"] is True
+    assert len(scenario["heal_times_s"]) == 1
+
+
+@pytest.mark.slow
+def test_scale_adds_and_drains_servers(scenario):
+    assert scenario["scaled_sizes"] == [2, 3, 2]
+
+
+@pytest.mark.slow
+def test_a_cluster_too_small_or_a_missing_binary_is_a_typed_error_at_once(scenario):
+    assert scenario["too_small"].startswith("RayFleetError: the cluster is too small for 10 servers: needs 10 CPU")
+    assert "the cluster has 4)" in scenario["too_small"]
+    assert scenario["not_installed"].startswith("RayFleetError: server 0 on node 127.0.0.1")
+    assert scenario["not_installed"].endswith("the vllm command is not installed there")
+    assert scenario["after_errors_left"] == []
+
+
+@pytest.mark.slow
+def test_leaving_the_fleet_leaves_no_server_or_router_running(scenario):
+    assert scenario["left_running"] == []
+    assert all(not _alive(pid) for pid in scenario["server_pids"])
