@@ -11,7 +11,9 @@ loopback (Ray binds to the host's address otherwise). It starts a Ray cluster of
    weight update during the loss; every group must be accepted;
 3. the lost server's replacement: healthy and registered, on the spare node;
 4. ``scale(2)`` then ``scale(3)`` then ``scale(2)``, load between each;
-5. leaving the fleet, then the cluster: every server and router process is gone.
+5. leaving the fleet: every server and router process is gone;
+6. ``rollout-trio fleet --ray ADDRESS --workers 2``: its lines, its key file, SIGTERM;
+7. ``examples/ray_grpo.py``: two trainer ranks as Ray actors on a fleet of two servers.
 
 It writes what it saw as JSON (the test asserts on it) and exits 0 unless it crashed.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -156,6 +160,39 @@ def _node_runs(node: Any, pid: int | None) -> bool:
     return False
 
 
+def cli_phase(address: str) -> dict[str, Any]:
+    """``rollout-trio fleet --ray``: ready lines, a working key, SIGTERM stops everything."""
+    import httpx
+
+    key_file = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), "fleet.key")
+    command = [sys.executable, "-m", "rollout_trio", "fleet", "--ray", address, "--workers", "2", "--key-file", key_file]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[str, Any] = {"lines": []}
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            seen["lines"].append(line.rstrip())
+            if line.startswith("router: "):
+                break
+        router = seen["lines"][-1].split()[1]
+        key = open(key_file).read().strip()
+        seen["key_file_mode"] = oct(os.stat(key_file).st_mode & 0o777)
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            seen["workers_without_key"] = client.get(router + "/workers").status_code
+            listed = client.get(router + "/workers", headers={"Authorization": f"Bearer {key}"}).json()["workers"]
+            seen["healthy_workers"] = sum(1 for w in listed if w.get("is_healthy"))
+            worker = seen["lines"][0].split()[2]
+            seen["worker_without_key"] = client.post(worker + "/pause_generation").status_code
+        child.send_signal(signal.SIGTERM)
+        seen["status"] = child.wait(120)
+        seen["stderr_tail"] = child.stderr.read()[-500:] if child.stderr else ""
+    finally:
+        child.kill()
+        child.wait()
+    seen["left_running"] = processes("rollout_trio serve") + processes("sglang_router.launch_router")
+    return seen
+
+
 def main() -> int:
     import ray
     from ray.cluster_utils import Cluster
@@ -175,6 +212,13 @@ def main() -> int:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False)
         trio.run(scenario, cluster, nodes, out)
+        out["left_after_fleet"] = processes("rollout_trio serve") + processes("sglang_router.launch_router")
+        out["cli"] = cli_phase(cluster.address)
+        example = subprocess.run(
+            [sys.executable, "examples/ray_grpo.py", "--address", cluster.address, "--steps", "3"],
+            capture_output=True, text=True, timeout=600,
+        )
+        out["example"] = {"status": example.returncode, "stdout": example.stdout[-3000:], "stderr": example.stderr[-3000:]}
     finally:
         ray.shutdown()
         cluster.shutdown()

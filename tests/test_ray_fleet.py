@@ -114,11 +114,11 @@ def test_command_lines_carry_the_key_where_each_server_reads_it():
     vLLM take --api-key; the router uses the key with its workers and for its control plane."""
     ours = server_argv("rollout-trio", ["--seed", "0"], "10.1.2.3", 9000, "k")
     assert ours[1:] == ["-m", "rollout_trio", "serve", "--seed", "0", "--host", "10.1.2.3", "--port", "9000"]
-    assert server_argv("sglang", [], "h", 1, "k")[-2:] == ["--api-key", "k"]
+    assert server_argv("sglang", [], "h", 1, "-k")[-1] == "--api-key=-k"  # a key may start with "-"
     assert server_argv("vllm", ["m"], "h", 1, None) == ["vllm", "serve", "m", "--host", "h", "--port", "1"]
-    router = router_argv([], "h", 2, 3, ["http://h:1"], "k")
-    assert router[router.index("--api-key") + 1] == "k"
-    assert router[router.index("--control-plane-api-keys") + 1].endswith(":admin:k")
+    router = router_argv([], "h", 2, 3, ["http://h:1"], "-k")
+    assert "--api-key=-k" in router
+    assert any(a.startswith("--control-plane-api-keys=") and a.endswith(":admin:-k") for a in router)
     with pytest.raises(ValueError, match="server kind: must be one of rollout-trio, sglang, vllm, got 'tgi'"):
         server_argv("tgi", [], "h", 1, None)
 
@@ -211,3 +211,31 @@ def test_a_cluster_too_small_or_a_missing_binary_is_a_typed_error_at_once(scenar
 def test_leaving_the_fleet_leaves_no_server_or_router_running(scenario):
     assert scenario["left_running"] == []
     assert all(not _alive(pid) for pid in scenario["server_pids"])
+
+
+@pytest.mark.slow
+def test_fleet_cli_on_ray_prints_its_lines_guards_every_server_and_stops_on_sigterm(scenario):
+    """``rollout-trio fleet --ray ADDRESS``: the local fleet's lines, a 0600 key file whose
+    key the router and every worker require, and SIGTERM stopping everything (exit 0)."""
+    cli = scenario["cli"]
+    assert [line.split(":")[0] for line in cli["lines"]] == ["worker 0", "worker 1", "router"]
+    assert cli["key_file_mode"] == "0o600"
+    assert cli["workers_without_key"] == 401 and cli["worker_without_key"] == 401
+    assert cli["healthy_workers"] == 2
+    assert cli["status"] == 0, cli["stderr_tail"]
+    assert "terminated; stopped the router and 2 workers on Ray" in cli["stderr_tail"]
+    assert cli["left_running"] == []
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_as_ray_actors_publish_and_adopt_every_version(scenario):
+    """examples/ray_grpo.py: two ranks (Ray actors) on a Ray-placed fleet; rank 0 publishes
+    3 versions through a shared directory, both ranks end on version 3 with nothing lost."""
+    example = scenario["example"]
+    assert example["status"] == 0, example["stderr"]
+    ranks = json.loads(example["stdout"].strip().splitlines()[-1])["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert r["version"] == 3 and r["steps"] == 3 and len(r["rewards"]) == 3
+        assert r["failed"] == 0 and r["rejected"] == 0 and r["accepted"] == 12
+    assert scenario["left_running"] == []

@@ -70,7 +70,8 @@ class _FleetParser(Parser):
         serve = serve_parser()
         serve.prog = self.prog  # its usage errors are this command's: one line, exit 2
         if serve.parse_args(rest).threads is None:  # N workers share the cores, not each all of them
-            rest = [*rest, "--threads", str(max(1, (os.cpu_count() or 1) // parsed.workers))]
+            share = parsed.ray_num_cpus if parsed.ray is not None else (os.cpu_count() or 1) // parsed.workers
+            rest = [*rest, "--threads", str(max(1, int(share)))]
         if parsed.debug:  # a worker's failure comes with its traceback too
             rest = [*rest, "--debug"]
         parsed.worker_options = rest
@@ -109,6 +110,18 @@ def _parser() -> Parser:
     )
     p.add_argument(
         "--router-log-level", choices=ROUTER_LOG_LEVELS, default="error", help="sglang-router's logging level"
+    )
+    ray = p.add_argument_group("on a Ray cluster (pip install -e '.[ray]')")
+    ray.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="place the workers on this Ray cluster ('auto', 'ray://HOST:PORT' or HOST:PORT) instead of this machine",
+    )
+    ray.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs Ray reserves for each worker")
+    ray.add_argument("--ray-num-gpus", type=float, default=0.0, help="GPUs Ray reserves for each worker")
+    ray.add_argument(
+        "--key-file", default=None, help="where the fleet's api key is written, mode 0600 (default: a file in $XDG_RUNTIME_DIR or /tmp)"
     )
     return p
 
@@ -389,6 +402,12 @@ async def _serve_fleet(args: argparse.Namespace, worker_options: list[str]) -> i
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        if importlib.util.find_spec("ray") is None:
+            raise CommandError("--ray: Ray is not installed: pip install -e '.[ray]' from a rollout_trio checkout")
+        from ..ray._cli import serve_ray_fleet
+
+        return serve_ray_fleet(args, args.worker_options)
     return trio.run(_serve_fleet, args, args.worker_options)
 
 

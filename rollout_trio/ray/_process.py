@@ -87,7 +87,7 @@ def server_argv(kind: str, options: Sequence[str], host: str, port: int, api_key
     where = ["--host", host, "--port", str(port)]
     if kind == "rollout-trio":
         return [sys.executable, "-m", "rollout_trio", "serve", *options, *where]
-    key = ["--api-key", api_key] if api_key else []
+    key = [f"--api-key={api_key}"] if api_key else []  # one word: a key may start with "-"
     if kind == "sglang":
         return [sys.executable, "-m", "sglang.launch_server", *options, *where, *key]
     if kind == "vllm":
@@ -107,7 +107,9 @@ def router_argv(
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port)]
     argv += ["--worker-urls", *workers, "--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     if api_key:
-        argv += ["--api-key", api_key, "--control-plane-api-keys", f"fleet:rollout-trio-fleet:admin:{api_key}"]
+        # One word each: a generated key may start with "-", which a separate word would
+        # make an option.
+        argv += [f"--api-key={api_key}", f"--control-plane-api-keys=fleet:rollout-trio-fleet:admin:{api_key}"]
     return [*argv, *options]
 
 
