@@ -1,277 +1,428 @@
-"""Killable worker processes for rewards and subprocess agents, on trio-parallel.
+"""Killable worker processes for rewards and subprocess agents: our own pool over pipes.
 
-trio-parallel owns the processes, the pipes and their framing, and kills a worker when
-its call is cancelled (``kill_on_cancel``). On top of it this module adds what a hostile
-or careless job needs: each worker leads its own session, so the whole process group is
-killed with it (the job's children included); every reply carries the call's nonce, so a
-message the job forged is refused (and its worker killed) instead of reaching another
-call; any reply the channel cannot decode is a typed error; values and exceptions are
-unpickled here, so one that does not unpickle is a typed error with the original
-traceback text and the worker lives on. Workers start with multiprocessing's ``spawn``,
-so functions defined in a script's ``__main__`` work as with the standard library's
-process pools (the script must guard its entry point with ``if __name__ == "__main__"``).
+Each worker is a supervisor process (``_isolation_worker``) that imports the function once at
+start, then forks a fresh child per call; the child's reply comes back on a pipe made for that
+call, and the supervisor kills every descendant (``setsid`` and double-forked ones too: it is a
+Linux child subreaper) before it answers. Between this process and a worker only
+length-prefixed JSON crosses, bounded before it is read, and each answer carries the call's
+random token, which no earlier call's code can know (it is dead before the token exists). A
+value or exception is unpickled here only when the caller trusts the worker
+(``trust_pickles=True``). The deadline is enforced here, not by the worker: at the timeout (or a
+cancellation) this process itself kills every descendant of the supervisor, found in ``/proc``,
+whatever they do with their pipes. Workers start before the first call (``start`` or
+``async with``; lazily on the first call otherwise), and a call's timeout counts from its start
+on a ready worker.
 """
 
 from __future__ import annotations
 
-import functools
+import base64
+import builtins
 import logging
 import math
+import multiprocessing.process
+import multiprocessing.spawn
 import os
 import pickle
 import secrets
-import shutil
 import signal
+import subprocess
 import sys
-import tempfile
-from contextlib import AsyncExitStack
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
 import trio
-import trio_parallel  # type: ignore[import-untyped]
 
 from . import _isolation_worker as worker
 
-__all__ = ["IsolatedWorkers", "WorkerDied", "WorkerTimedOut", "unpickle_reply"]
+__all__ = ["IsolatedWorkers", "WorkerDied", "WorkerResourceError", "WorkerTimedOut"]
 
 logger = logging.getLogger("rollout_trio.isolation")
 
 # The parent pickles worker functions under the name the worker loads them by (see BOOT).
 sys.modules.setdefault(worker.NAME, worker)
-for _fn in (worker.call, worker.call_with_env, worker.run_agent):
-    _fn.__module__ = worker.NAME
+worker.run_agent.__module__ = worker.NAME
 
-# trio-parallel's `init`: load the worker module by path (never importing rollout_trio),
-# then lead a new session. A partial of a builtin pickles without importing anything.
-BOOT = functools.partial(
-    exec,
+# Load the worker module by path (never importing rollout_trio, nor shadowing the standard
+# library with this package's own modules), then serve on the two descriptors in argv.
+BOOT = (
     "import importlib.util, sys\n"
     f"spec = importlib.util.spec_from_file_location({worker.NAME!r}, {worker.__file__!r})\n"
     "module = importlib.util.module_from_spec(spec)\n"
     f"sys.modules[{worker.NAME!r}] = module\n"
     "spec.loader.exec_module(module)\n"
-    "module.start_session()\n",
-    {},
+    "module.serve(int(sys.argv[1]), int(sys.argv[2]))\n"
 )
-_ONE_JOB = functools.partial(bool, 1)  # trio-parallel's `retire`: after every job
-_SPAWN_TIMEOUT = 60.0  # seconds a worker may take to start (outside the call's timeout)
+_SPAWN_TIMEOUT = 60.0  # seconds a worker may take to start (outside any call's timeout)
+_DRAIN_TIMEOUT = 30.0  # seconds a worker may take to report a call killed at its timeout
 _DEATH_TIMEOUT = 5.0  # seconds to wait for a killed worker to be gone
-_GRACE = 5.0  # seconds idle workers get to exit at shutdown
+LIMITS = ("address_space", "cpu_seconds", "open_files")
+_GUARD = (
+    "a script that uses worker processes must guard its entry point with `if __name__ == '__main__':`, "
+    "as with multiprocessing"
+)
 
 
 class WorkerTimedOut(Exception):
-    """No reply within the timeout; the worker and its process group were killed."""
+    """No reply within the timeout; the call's processes were killed."""
 
 
 class WorkerDied(Exception):
-    """The worker died, or its reply could not be read or was not this call's."""
+    """The call's process died, or its reply could not be read, was refused or was not this call's."""
 
 
-def _kill_group(pid: int | None) -> None:
-    """SIGKILL the process group ``pid`` leads (the worker and everything it started)."""
-    if pid is None:
-        return
+class WorkerResourceError(WorkerDied):
+    """The call ran out of one of its resource limits (address space, CPU seconds, open files)."""
+
+
+def _how(code: int) -> str:
+    if code >= 0:
+        return f"exited with status {code}"
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return f"was killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
-def _read_pid(pid_file: Path) -> int | None:
-    try:
-        return int(pid_file.read_text())
-    except (OSError, ValueError):
-        return None  # the job never started: it has no children to kill
+class _Worker:
+    """One supervisor process and our ends of its two pipes."""
 
+    def __init__(self, proc: trio.Process, send: int, recv: int) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.send = trio.lowlevel.FdStream(send)
+        self.recv = trio.lowlevel.FdStream(recv)
+        self.buf = worker._Channel(-1)
+        self.pending: str | None = None  # the token of a call whose answer was not read
 
-def _gone(pid: int) -> bool:
-    """Dead (a zombie counts: its pipes are closed)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    async def put(self, obj: Any) -> None:
+        await self.send.send_all(worker.frame(obj))
+
+    async def get(self, limit: int) -> Any:
+        """The next frame. Raises WorkerDied at end of file or on a malformed frame."""
+        while True:
+            try:
+                msg = self.buf.take(limit)
+            except ValueError as exc:
+                raise WorkerDied(f"its reply could not be read ({exc})") from None
+            if msg is not ...:
+                return msg
+            data = await self.recv.receive_some(1 << 16)
+            if not data:
+                raise WorkerDied("the worker process exited")
+            self.buf.buf += data
+
+    def kill_job(self) -> None:
+        """Kill everything the worker started (the call's child and anything it left), not the worker."""
+        worker.kill_tree(self.pid)
+
+    def kill(self) -> None:
+        worker.kill_tree(self.pid)
         try:
-            os.kill(pid, 0)
+            os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
-            return True
-        return False
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+            pass
+
+    async def close_fds(self) -> None:
+        await self.send.aclose()
+        await self.recv.aclose()
 
 
-def unpickle_reply(status: str, body: bytes | None, text: str, where: str) -> Any:
-    """The job's value, or raise its exception (with the remote traceback as a note).
+class _Run:
+    """The pool's state in one Trio run (Trio objects cannot outlive their run)."""
 
-    Raises:
-        WorkerDied: the exception could not be pickled or unpickled, or the value could
-            not be unpickled here (the message keeps the original traceback text).
-    """
-    try:
-        obj = pickle.loads(body) if body is not None else None
-    except Exception as exc:
-        what = "the value" if status == "ok" else "the exception"
-        raise WorkerDied(f"{what} from the {where} cannot be unpickled here ({exc!r}):\n{text}") from None
-    if status == "ok":
-        return obj
-    if isinstance(obj, BaseException):
-        obj.add_note(f"raised in the {where}:\n{text}")
-        raise obj
-    raise WorkerDied(f"the {where} failed:\n{text}")
+    def __init__(self, size: int) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.idle_send, self.idle_recv = trio.open_memory_channel[_Worker | None](size)
+        self.workers: set[_Worker] = set()
+        self.started = trio.Event()
+        self.error: BaseException | None = None
 
 
 class IsolatedWorkers:
-    """Up to ``max_workers`` worker processes; ``async with`` owns them all.
+    """``max_workers`` supervisor processes running ``fn`` (see the module docstring).
 
-    ``one_job=True`` retires each worker after one job (a fresh process per call).
+    Nothing of Trio is created here: the workers start at ``start()`` / ``async with``, or at
+    the first ``run`` when neither was used; a pool used from a new Trio run starts afresh.
+
+    Args:
+        fn: the function each call runs (picklable: the workers load it once, at start).
+        max_workers: concurrent calls.
+        what: how errors name a worker ("reward worker process").
+        trust_pickles: values and exceptions cross as pickles and are unpickled here
+            (only for a worker you trust: unpickling runs code). Default: JSON-like data only.
+        limits: per-call resource limits, by name in :data:`LIMITS` (bytes, seconds, count).
+        max_reply_bytes: the largest encoded value a call may return.
     """
 
-    def __init__(self, max_workers: int, *, one_job: bool = False, what: str = "worker process") -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any] | str,
+        max_workers: int,
+        *,
+        what: str = "worker process",
+        trust_pickles: bool = False,
+        limits: Mapping[str, int] | None = None,
+        max_reply_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
         self.max_workers = max_workers
         self.what = what
-        self._one_job = one_job
-        self._limiter = trio.CapacityLimiter(max_workers)  # held outside the call's timeout
-        self._inner = trio.CapacityLimiter(max_workers)  # trio-parallel's own (never contended)
-        self._pids: set[int] = set()
-        self._ctx: trio_parallel.WorkerContext | None = None
-        self._stack: AsyncExitStack | None = None
-        self._dir: Path | None = None
+        self.trust_pickles = trust_pickles
+        self.limits = dict(limits or {})
+        self.max_reply_bytes = max_reply_bytes
+        self._fn = pickle.dumps(fn)
+        self._run: _Run | None = None
         self._closed = False
 
     @property
     def pids(self) -> set[int]:
-        """The process ids of the live workers."""
-        return set(self._pids)
+        """The process ids of the live workers (their supervisors)."""
+        return {w.pid for w in self._run.workers} if self._run is not None else set()
 
     async def __aenter__(self) -> IsolatedWorkers:
-        if self._stack is not None or self._closed:
-            raise RuntimeError(f"a pool of {self.what}es can be entered once")
-        stack = AsyncExitStack()
-        self._ctx = await stack.enter_async_context(
-            trio_parallel.open_worker_context(
-                idle_timeout=math.inf, init=BOOT, retire=_ONE_JOB if self._one_job else bool, grace_period=_GRACE
-            )
-        )
-        self._stack = stack
-        # Each call's worker writes its pid here (tmpfs when there is one: it is per call).
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        self._dir = Path(tempfile.mkdtemp(prefix="rollout-trio-workers-", dir=shm))
+        await self.start()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._closed = True
-        assert self._stack is not None and self._dir is not None
-        try:
-            with trio.CancelScope(shield=True):
-                await self._stack.aclose()
-        except trio_parallel.BrokenWorkerError as err:  # workers we killed on purpose
-            logger.debug("%s pool shut down: %s", self.what, err)
-        finally:
-            for pid in self._pids:  # anything a finished job left behind in its group
-                _kill_group(pid)
-            self._pids.clear()
-            shutil.rmtree(self._dir, ignore_errors=True)
+        await self.aclose()
 
-    def _check_open(self) -> trio_parallel.WorkerContext:
-        if self._closed:
-            raise RuntimeError(f"the {self.what} pool has been shut down (its `async with` block ended)")
-        if self._ctx is None:
-            raise RuntimeError(f"the {self.what} pool is not running: use it inside `async with`")
-        return self._ctx
-
-    async def _warm(self, ctx: trio_parallel.WorkerContext) -> None:
-        """Start a worker outside the call's timeout when none is idle."""
-        if self._one_job or ctx.statistics().idle_workers:
-            return
-        try:
-            with trio.fail_after(_SPAWN_TIMEOUT):
-                self._pids.add(await ctx.run_sync(os.getpid, kill_on_cancel=True, limiter=self._inner))
-        except trio.TooSlowError:
-            raise WorkerDied(f"a {self.what} did not start within {_SPAWN_TIMEOUT} s") from None
-        except trio_parallel.BrokenWorkerError as exc:
-            raise WorkerDied(self._death(exc, None)) from None
-
-    def _forget(self, pid: int | None) -> None:
-        _kill_group(pid)
-        if pid is not None:
-            self._pids.discard(pid)
-
-    async def run(
-        self, payload: bytes, timeout: float = math.inf, env: dict[str, str] | None = None
-    ) -> tuple[str, bytes | None, str]:
-        """Run the pickled ``(fn, args, kwargs)`` in a worker; ``(status, body, text)``.
+    async def start(self) -> None:
+        """Start the workers (if not already) and wait until each is ready.
 
         Raises:
-            WorkerTimedOut: no reply within ``timeout`` s.
-            WorkerDied: the worker died, or its reply was unreadable or not this call's.
+            RuntimeError: the pool was closed, or this runs while a worker imports the script.
+            WorkerDied: a worker could not start (its message says why).
         """
-        ctx = self._check_open()
-        async with self._limiter:
-            ctx = self._check_open()
-            await self._warm(ctx)
-            assert self._dir is not None
-            nonce = secrets.token_hex(16)
-            pid_file = self._dir / nonce
-            pid: int | None = None
+        if self._closed:
+            raise RuntimeError(f"the {self.what} pool has been shut down (it was closed or its `async with` block ended)")
+        if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+            raise RuntimeError(f"a {self.what} pool was started while a worker imported the script: {_GUARD}")
+        run = self._run
+        if run is not None and run.token is not trio.lowlevel.current_trio_token():
+            self._forget_run()  # left by an earlier Trio run
+            run = None
+        if run is not None:
+            await run.started.wait()
+            if run.error is not None:
+                raise WorkerDied(str(run.error))
+            return
+        run = self._run = _Run(self.max_workers)
+        # A pool started by a call (no `async with`) closes when its Trio run ends.
+        trio.lowlevel.spawn_system_task(self._close_at_run_end, run, name=f"close the {self.what} pool")
+        try:
             try:
-                with trio.move_on_after(timeout) as scope:
-                    try:
-                        if env is None:
-                            reply = await ctx.run_sync(
-                                worker.call, nonce, str(pid_file), payload, kill_on_cancel=True, limiter=self._inner
-                            )
-                        else:
-                            reply = await ctx.run_sync(
-                                worker.call_with_env, nonce, str(pid_file), env, payload,
-                                kill_on_cancel=True, limiter=self._inner,
-                            )  # fmt: skip
-                    except BaseException:  # cancelled, timed out, died, garbage: the group goes too
-                        self._forget(_read_pid(pid_file))
-                        raise
-                if scope.cancelled_caught:
-                    raise WorkerTimedOut(f"no reply within {timeout} s; {self.what} {_read_pid(pid_file)} was killed")
-            except trio_parallel.BrokenWorkerError as exc:
-                raise WorkerDied(self._death(exc, _read_pid(pid_file))) from None
-            except (trio.Cancelled, WorkerTimedOut):
-                raise
-            except Exception as exc:  # the channel carried something trio-parallel could not decode
-                raise WorkerDied(f"the {self.what}'s reply could not be read ({type(exc).__name__}: {exc}); it was killed") from None
-            finally:
-                pid = _read_pid(pid_file)  # written by the worker itself, before the job ran
-                pid_file.unlink(missing_ok=True)
-            return await self._accept(reply, nonce, pid)
+                async with trio.open_nursery() as nursery:
+                    for _ in range(self.max_workers):
+                        nursery.start_soon(self._start_one, run)
+            except BaseExceptionGroup as group:  # the first worker's error says why
+                first: BaseException = group
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
+        except BaseException as exc:
+            run.error = exc
+            self._forget_run()
+            raise
+        finally:
+            run.started.set()
 
-    async def _accept(self, reply: Any, nonce: str, pid: int | None) -> tuple[str, bytes | None, str]:
-        if isinstance(reply, tuple) and len(reply) == 5 and reply[0] == nonce and reply[1] == pid:
-            _, _, status, body, text = reply
-            if pid is not None and not self._one_job:
-                self._pids.add(pid)
-            return status, body, text
-        # Forged by the job: kill the worker, so its real reply dies with it instead of
-        # reaching the next call (trio-parallel then replaces the dead worker).
-        if pid is not None:
-            self._forget(pid)
+    async def _start_one(self, run: _Run) -> None:
+        run.idle_send.send_nowait(await self._spawn(run))
+
+    async def _spawn(self, run: _Run) -> _Worker:
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        try:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-c", BOOT, str(to_r), str(from_w)],
+                stdin=subprocess.DEVNULL, pass_fds=(to_r, from_w), start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            for fd in (to_w, from_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+        w = _Worker(proc, to_w, from_r)
+        run.workers.add(w)
+        try:
+            with trio.fail_after(_SPAWN_TIMEOUT):
+                prep = multiprocessing.spawn.get_preparation_data("rollout-trio-worker")
+                prep.pop("authkey", None)  # the workers use no multiprocessing connection
+                await w.put({
+                    "op": "boot", "prep": base64.b64encode(pickle.dumps(prep)).decode(),
+                    "fn": base64.b64encode(self._fn).decode(), "limits": self.limits,
+                    "trust": self.trust_pickles, "max_reply": self.max_reply_bytes,
+                })  # fmt: skip
+                msg = await w.get(1 << 20)
+        except trio.TooSlowError:
+            self._drop(run, w)
+            raise WorkerDied(f"a {self.what} did not start within {_SPAWN_TIMEOUT} s") from None
+        except BaseException:
+            self._drop(run, w)
+            raise
+        if not (isinstance(msg, dict) and msg.get("op") == "ready"):
+            self._drop(run, w)
+            text = msg.get("text", "") if isinstance(msg, dict) else ""
+            raise WorkerDied(f"a {self.what} failed to start (when it imports a script, {_GUARD}):\n{text}")
+        return w
+
+    def _drop(self, run: _Run, w: _Worker) -> None:
+        w.kill()  # its pipes close when the streams are collected
+        run.workers.discard(w)
+
+    def _forget_run(self) -> None:
+        """Kill the workers synchronously (their Trio objects may belong to another run)."""
+        run, self._run = self._run, None
+        if run is not None:
+            for w in list(run.workers):
+                self._drop(run, w)
+
+    async def _close_at_run_end(self, run: _Run) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if self._run is run:
+                self._run = None
+            await self._shutdown(run)
+
+    async def aclose(self) -> None:
+        """Kill every worker and everything it started; later calls raise RuntimeError."""
+        self._closed = True
+        run, self._run = self._run, None
+        if run is not None:
+            await self._shutdown(run)
+
+    async def _shutdown(self, run: _Run) -> None:
+        with trio.CancelScope(shield=True):
+            for w in list(run.workers):
+                w.kill()
             with trio.move_on_after(_DEATH_TIMEOUT):
-                while not _gone(pid):
-                    await trio.sleep(0.005)
-        raise WorkerDied(f"the {self.what} sent a reply that is not this call's; it was killed")
+                for w in list(run.workers):
+                    await w.proc.wait()
+            for w in list(run.workers):
+                await w.close_fds()
+            run.workers.clear()
 
-    def _death(self, exc: BaseException, pid: int | None) -> str:
-        if pid is not None:
-            self._pids.discard(pid)
-        proc = exc.args[-1] if exc.args else None
-        code = getattr(proc, "exitcode", None)
-        how = f"exited with status {code}"
-        if code is not None and code < 0:
+    async def _ready(self, run: _Run, w: _Worker | None) -> _Worker:
+        """``w``, once it has answered any call killed earlier; a fresh worker if it is gone."""
+        if w is not None and w.pending is not None:
             try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        if pid is not None:
-            return f"{self.what} {pid} {how} without a result"
-        return (
-            f"{self.what} {getattr(proc, 'pid', '?')} {how} before its job started (its stderr says why; "
-            "a script that uses worker processes must guard its entry point with `if __name__ == '__main__':`, "
-            "as with multiprocessing)"
-        )
+                with trio.fail_after(_DRAIN_TIMEOUT):
+                    while True:
+                        msg = await w.get(self.max_reply_bytes + (1 << 20))
+                        if isinstance(msg, dict) and msg.get("token") == w.pending:
+                            w.pending = None
+                            break
+            except (trio.TooSlowError, WorkerDied):
+                self._drop(run, w)
+                w = None
+        if w is not None and w.proc.returncode is not None:
+            self._drop(run, w)
+            w = None
+        return w if w is not None else await self._spawn(run)
+
+    async def run(self, payload: bytes, timeout: float = math.inf, env: dict[str, str] | None = None) -> Any:
+        """Call ``fn(*args, **kwargs)`` in a worker, ``payload`` being the pickled ``(args, kwargs)``.
+
+        Returns:
+            The call's value (JSON-like data unless ``trust_pickles``).
+
+        Raises:
+            RuntimeError: the pool was shut down.
+            WorkerTimedOut: no reply within ``timeout`` s (counted once a worker is ready).
+            WorkerResourceError: the call exceeded a resource limit.
+            WorkerDied: the call's process died, its reply was unreadable, too large, not
+                JSON-like or not this call's, or it raised a BaseException or an exception
+                that cannot be rebuilt here (the message keeps its traceback).
+            Exception: a built-in exception the call raised (its traceback as a note).
+        """
+        await self.start()
+        run = self._run
+        assert run is not None
+        w: _Worker | None = await run.idle_recv.receive()
+        try:
+            w = await self._ready(run, w)
+            token = secrets.token_hex(16)
+            w.pending = token
+            with trio.move_on_after(timeout) as scope:
+                try:
+                    await w.put({"op": "call", "token": token, "payload": base64.b64encode(payload).decode(), "env": env})
+                    msg = await w.get(self.max_reply_bytes + (1 << 20))
+                except BaseException:  # cancelled, or the worker died: nothing it started lives on
+                    w.kill_job()
+                    raise
+            if scope.cancelled_caught:
+                w.kill_job()
+                raise WorkerTimedOut(f"no reply within {timeout} s; the {self.what}'s call was killed")
+            if not (isinstance(msg, dict) and msg.get("token") == token):
+                self._drop(run, w)
+                w = None
+                raise WorkerDied(f"the {self.what} sent a reply that is not this call's; it was killed")
+            w.pending = None
+            return self._decode(msg.get("reply"))
+        except WorkerDied as exc:
+            if w is not None and w.pending is not None:
+                self._drop(run, w)
+                w = None
+            if str(exc).startswith("its reply"):
+                raise WorkerDied(f"the {self.what}'s {str(exc)[4:]}; it was killed") from None
+            raise
+        finally:
+            if self._run is run:
+                run.idle_send.send_nowait(w)
+
+    def _decode(self, reply: Any) -> Any:
+        if not isinstance(reply, dict):
+            raise WorkerDied(f"the {self.what}'s reply could not be read (not an object)")
+        status = reply.get("status")
+        if status == "ok":
+            if "pickled" not in reply:
+                return reply.get("value")
+            if not self.trust_pickles:
+                raise WorkerDied(f"the {self.what} sent a pickle, refused (trust_pickles is False)")
+            try:
+                return pickle.loads(base64.b64decode(str(reply["pickled"])))
+            except Exception as exc:
+                raise WorkerDied(f"the value from the {self.what} cannot be unpickled here ({exc!r})") from None
+        if status == "error":
+            raise self._exception(reply)
+        if status == "died":
+            code = reply.get("code")
+            code = code if isinstance(code, int) else 0
+            if code == -signal.SIGXCPU and "cpu_seconds" in self.limits:
+                raise WorkerResourceError(f"the {self.what}'s call exceeded its cpu_seconds limit ({self.limits['cpu_seconds']} s)")
+            raise WorkerDied(f"the {self.what}'s call {_how(code)} without a result")
+        if status == "bad_value":
+            raise WorkerDied(f"the {self.what}'s call returned no usable value: {str(reply.get('why'))[:1000]}")
+        raise WorkerDied(f"the {self.what}'s reply could not be read ({str(reply.get('why'))[:1000]}); it was killed")
+
+    def _exception(self, reply: dict[str, Any]) -> BaseException:
+        name, module = str(reply.get("type")), str(reply.get("module"))
+        message, text = str(reply.get("message"))[:4096], str(reply.get("traceback"))
+        resource = reply.get("resource")
+        if resource in LIMITS and resource in self.limits:
+            return WorkerResourceError(f"the {self.what}'s call exceeded its {resource} limit: {name}: {message}")
+        if reply.get("base") is True:
+            return WorkerDied(f"the {self.what}'s call raised {name}({message}); the call fails, the run goes on:\n{text}")
+        exc: BaseException | None = None
+        if self.trust_pickles and isinstance(reply.get("pickled"), str):
+            try:
+                exc = pickle.loads(base64.b64decode(reply["pickled"]))
+            except Exception as err:
+                return WorkerDied(f"the exception from the {self.what} cannot be unpickled here ({err!r}):\n{text}")
+        elif module == "builtins":
+            cls = getattr(builtins, name, None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                try:
+                    exc = cls(message)
+                except Exception:
+                    exc = None
+        if not isinstance(exc, Exception):
+            return WorkerDied(f"the {self.what}'s call raised {module}.{name}: {message}\n{text}")
+        exc.add_note(f"raised in the {self.what}:\n{text}")
+        return exc

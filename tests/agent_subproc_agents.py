@@ -48,3 +48,13 @@ class SpawningAgent:
         client = openai.AsyncOpenAI(max_retries=0, timeout=600)
         await client.chat.completions.create(model="any", messages=data["messages"])
         return 1.0
+
+
+class SetsidSpawningAgent:
+    """Starts a ``sleep 1000`` child in its own session (its pid goes to ``pid_file``) and returns."""
+
+    async def run(self, data):
+        child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        with open(data["pid_file"], "w") as f:
+            f.write(str(child.pid))
+        return 1.0

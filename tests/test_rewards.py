@@ -135,8 +135,9 @@ def test_constructor_errors_name_the_field():
 
 async def test_process_rewards_run_in_worker_processes():
     async with RewardFunction(reward_fns.pid, isolation="process", max_workers=2) as reward:
-        pids = {await reward() for _ in range(3)}
-        assert os.getpid() not in pids and pids <= reward.worker_pids
+        pids = [await reward() for _ in range(3)]
+        # each call in a fresh child of a worker (its state dies with the call)
+        assert os.getpid() not in pids and len(set(pids)) == 3 and not set(pids) & reward.worker_pids
     async with RewardFunction("tests.reward_fns.add", isolation="process") as by_name:
         assert await by_name(1, 2) == 3
 
@@ -147,8 +148,7 @@ async def test_a_hung_worker_is_killed_at_the_timeout_and_replaced(tmp_path):
         assert await reward(1, 1) == 2  # a worker is up
         with trio.fail_after(30), pytest.raises(RewardTimeoutError):
             await reward(0, 0, pid_file=str(pid_file))
-        hung = int(pid_file.read_text())
-        assert gone(hung) and hung not in reward.worker_pids
+        await wait_dead(int(pid_file.read_text()))
         results = []
 
         async def call(i):
@@ -166,7 +166,7 @@ async def test_timeout_reward_is_returned_for_a_hung_process(tmp_path):
     async with RewardFunction(reward_fns.hang, isolation="process", timeout=1, timeout_reward=0.0) as reward:
         with trio.fail_after(30):
             assert await reward(str(tmp_path / "pid")) == 0.0
-        assert gone(int((tmp_path / "pid").read_text()))
+        await wait_dead(int((tmp_path / "pid").read_text()))
 
 
 @pytest.mark.parametrize(("fn", "how"), [(reward_fns.hard_exit, "exited with status 7"), (reward_fns.segfault, "killed by signal SIGSEGV")])
@@ -174,7 +174,7 @@ async def test_a_crashing_worker_is_a_typed_error_and_is_replaced(fn, how):
     async with RewardFunction(fn, isolation="process", max_workers=1) as crash:
         with trio.fail_after(30), pytest.raises(RewardWorkerError, match=how):
             await crash()
-        assert crash.worker_pids == set()
+        assert len(crash.worker_pids) == 1  # the worker lives on: only the call's child died
     async with RewardFunction(reward_fns.add, isolation="process", max_workers=1) as add:
         assert await add(2, 2) == 4
 
@@ -197,8 +197,7 @@ async def test_process_reward_exceptions_propagate_with_the_remote_traceback():
 
 async def test_the_pool_shuts_down_with_its_async_with_block():
     reward = RewardFunction(reward_fns.pid, isolation="process", max_workers=3)
-    with pytest.raises(RuntimeError, match="inside `async with`"):
-        await reward()
+    assert await reward() != os.getpid()  # started by the call
     async with reward:
         async with trio.open_nursery() as n:
             for _ in range(3):
@@ -219,7 +218,7 @@ async def test_cancelling_a_process_call_kills_its_worker(tmp_path):
                 while not pid_file.exists() or not pid_file.read_text():
                     await trio.sleep(0.01)
             n.cancel_scope.cancel()
-        assert gone(int(pid_file.read_text())) and reward.worker_pids == set()
+        await wait_dead(int(pid_file.read_text()))
 
 
 # ------------------------------------------------------------------ hostile and careless rewards
@@ -243,7 +242,7 @@ async def test_a_forged_reply_never_reaches_the_next_call(forged_value):
             try:
                 assert await reward(forged_value) == 1.0
             except RewardWorkerError as exc:
-                assert "not this call's" in str(exc)
+                assert "not this call's" in str(exc) or "could not be read" in str(exc)
             assert await reward(forged_value, forge=False) == 2.0
 
 
@@ -252,14 +251,14 @@ async def test_garbage_on_the_reply_channel_is_a_typed_error(kind):
     async with RewardFunction(reward_fns.write_garbage, isolation="process", max_workers=1) as reward:
         with trio.fail_after(60), pytest.raises(RewardWorkerError, match="could not be read"):
             await reward(kind)
-        assert reward.worker_pids == set()
 
 
-async def test_an_exception_that_does_not_unpickle_keeps_its_traceback_and_its_worker():
+async def test_an_exception_that_is_not_built_in_keeps_its_traceback_and_its_worker():
+    """It is never unpickled here (untrusted worker): a typed error with the traceback text."""
     async with RewardFunction(reward_fns.pid, isolation="process", max_workers=1) as pid:
         first = await pid()
     async with RewardFunction("tests.reward_fns.raise_unloadable", isolation="process", max_workers=1) as reward:
-        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="cannot be unpickled") as info:
+        with trio.fail_after(60), pytest.raises(RewardWorkerError, match="Unloadable") as info:
             await reward()
         assert "raise_unloadable" in str(info.value) and "Unloadable: 1/2" in str(info.value)
         (worker,) = reward.worker_pids

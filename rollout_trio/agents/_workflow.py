@@ -7,6 +7,7 @@ agent's return value becomes their rewards (spec §8).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import pickle
@@ -20,7 +21,7 @@ from .. import workflow_context
 from .._config import GenerationConfig
 from .._errors import RolloutError
 from .._interaction import Interaction
-from .._isolation import IsolatedWorkers, WorkerDied, unpickle_reply
+from .._isolation import IsolatedWorkers, WorkerDied
 from .._isolation_worker import run_agent
 from .._workflow import RolloutWorkflow, register_agent_wrapper
 from ._endpoint import OpenAIEndpoint
@@ -43,6 +44,11 @@ class AgentProcessError(RolloutError):
     """A subprocess agent died or failed in a way that left no Python exception to re-raise."""
 
 
+@dataclasses.dataclass
+class _Raised:
+    exc: Exception
+
+
 class AgentRolloutWorkflow(RolloutWorkflow):
     """Wraps an agent so the executor and groups can run it like any workflow.
 
@@ -50,9 +56,10 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         agent: an object with ``async def run(data, **kwargs)``. In ``"inline"`` mode it
             is called as ``run(data, base_url=..., http_client=..., api_key=...)``: hand the
             three to ``openai.AsyncOpenAI(base_url=..., api_key=..., http_client=...)``.
-            In ``"subproc"`` mode ``run(data)`` runs in a fresh child process (a
-            trio-parallel worker leading its own process group, killed with everything
-            it started when the episode is cancelled) with its own event loop, and finds
+            In ``"subproc"`` mode ``run(data)`` runs in a fresh child process (forked by
+            a worker supervisor that kills everything it started, ``setsid`` children too,
+            when the episode ends or is cancelled) with its own event loop; its return
+            value (the rewards) crosses as JSON-like data, and finds
             the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. The agent must be
             picklable; one defined in a script's ``__main__`` works as with
             multiprocessing's spawn (guard the script's entry point).
@@ -168,23 +175,23 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
 
     async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
-        payload = pickle.dumps((run_agent, (self.agent, data, self.subproc_backend), {}))
+        payload = pickle.dumps(((self.agent, data, self.subproc_backend), {}))
         try:
             async with self._subproc_limiter:
-                reply: tuple[str, bytes | None, str] | WorkerDied
+                reply: Any
                 async with trio.open_nursery() as nursery:
                     base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
                     env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key}
                     try:
                         # Cancelling the run kills the agent's process group (its requests then disconnect).
-                        async with IsolatedWorkers(1, one_job=True, what="agent process") as pool:
+                        async with IsolatedWorkers(run_agent, 1, what="agent process") as pool:
                             reply = await pool.run(payload, env=env)
-                    except WorkerDied as exc:  # raised outside the nursery, so not as a group
-                        reply = exc
+                    except Exception as exc:  # raised outside the nursery, so not as a group
+                        reply = _Raised(exc)
                     nursery.cancel_scope.cancel()
-            if isinstance(reply, WorkerDied):
-                raise reply
-            return unpickle_reply(*reply, "agent process")
+            if isinstance(reply, _Raised):
+                raise reply.exc
+            return reply
         except WorkerDied as exc:
             raise AgentProcessError(str(exc)) from None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._errors import RolloutError
 
-__all__ = ["RewardError", "RewardTimeoutError", "RewardWorkerError"]
+__all__ = ["RewardError", "RewardResourceError", "RewardTimeoutError", "RewardWorkerError"]
 
 
 class RewardError(RolloutError):
@@ -17,3 +17,7 @@ class RewardTimeoutError(RewardError):
 
 class RewardWorkerError(RewardError):
     """A reward worker process died (a crash, ``os._exit``, a signal) or failed without a Python exception."""
+
+
+class RewardResourceError(RewardWorkerError):
+    """A process-isolated reward call exceeded one of its ``limits`` (address space, CPU seconds, open files)."""

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from .._isolation import IsolatedWorkers, WorkerDied, WorkerTimedOut, unpickle_reply
+from .._isolation import LIMITS, IsolatedWorkers, WorkerDied, WorkerResourceError, WorkerTimedOut
 from .._workflow import import_from_string
-from ._errors import RewardTimeoutError, RewardWorkerError
+from ._errors import RewardResourceError, RewardTimeoutError, RewardWorkerError
 
 __all__ = ["RewardFunction", "RewardStatistics", "RewardThreadsExhaustedWarning"]
 
@@ -67,23 +67,38 @@ class RewardFunction:
             attempt is counted (:attr:`statistics` ``.not_started``), logged as an error
             and warned (:class:`RewardThreadsExhaustedWarning`, once). A verifier that may
             hang belongs in ``"process"``.
-            ``"process"``: a pool of worker processes (trio-parallel); a worker that runs
-            past the timeout is killed with its whole process group (whatever it started)
-            and replaced. ``fn`` and its arguments must be picklable (functions from a
-            script's ``__main__`` work, as with multiprocessing's spawn: guard the script's
-            entry point with ``if __name__ == "__main__"``), and the pool lives inside
-            ``async with reward:``.
+            ``"process"``: a pool of worker processes, started at ``async with reward:``
+            (or on the first call, see :meth:`aclose`), each importing ``fn`` once and
+            forking a fresh child per call. At the timeout the child is killed with every
+            process it started (``setsid`` ones too, on Linux), and the next call runs at
+            once. Values cross as JSON-like data (None, bool, int, float, str, list, tuple
+            (returned as a list), str-keyed dict), never as pickles unless
+            ``trust_worker_pickles``. ``fn`` and its arguments must be picklable (functions
+            from a script's ``__main__`` work, as with multiprocessing's spawn: guard the
+            script's entry point with ``if __name__ == "__main__"``). State ``fn`` builds at
+            import time is shared by every call; state a call builds dies with it.
         max_workers: concurrent calls (threads or processes); default half the CPUs.
         retries: extra attempts after a timeout, a crashed worker or an exception.
         timeout_reward: returned when the last attempt times out; None (the default)
             raises :class:`RewardTimeoutError` instead, which rejects the task.
+        trust_worker_pickles: process isolation: values and exceptions cross as pickles
+            and are unpickled in this process. Only for a verifier you trust: unpickling
+            runs code the worker chose. Default False: JSON-like values only.
+        limits: process isolation: per-call resource limits (``resource.setrlimit`` in
+            the call's process): ``{"address_space": bytes, "cpu_seconds": s,
+            "open_files": n}``; exceeding one raises :class:`RewardResourceError`.
+        max_reply_bytes: process isolation: the largest encoded value a call may return.
 
     Raises (from a call, after the last attempt):
         RewardTimeoutError: every attempt timed out and ``timeout_reward`` is None.
-        RewardWorkerError: the worker process died (crash, signal, ``os._exit``), its
-            reply was unreadable or forged, or ``fn``'s value or exception cannot be
-            unpickled in this process (the message keeps the original traceback).
-        Exception: whatever ``fn`` raised (from a process: with its traceback as a note).
+        RewardWorkerError: the call's process died (crash, signal, ``os._exit``), its
+            reply was unreadable, forged, too large or not JSON-like, it raised a
+            BaseException (``SystemExit``, ``KeyboardInterrupt``: the task fails, never the
+            run) or an exception that is not a built-in one (the message keeps the
+            original traceback).
+        RewardResourceError: the call exceeded one of its ``limits``.
+        Exception: whatever ``fn`` raised (from a process: built-in exceptions, or any
+            with ``trust_worker_pickles``, with the traceback as a note).
     """
 
     def __init__(
@@ -95,6 +110,9 @@ class RewardFunction:
         max_workers: int | None = None,
         retries: int = 0,
         timeout_reward: float | None = None,
+        trust_worker_pickles: bool = False,
+        limits: dict[str, int] | None = None,
+        max_reply_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         if not (isinstance(fn, str) or callable(fn)):
             raise TypeError(f"fn: must be a callable or an import string, got {type(fn).__name__}")
@@ -106,6 +124,13 @@ class RewardFunction:
             raise ValueError(f"max_workers: must be an int >= 1, got {max_workers!r}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries: must be an int >= 0, got {retries!r}")
+        for name, value in (limits or {}).items():
+            if name not in LIMITS:
+                raise ValueError(f"limits: unknown limit {name!r}; known: {', '.join(LIMITS)}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limits[{name!r}]: must be an int >= 1, got {value!r}")
+        if isinstance(max_reply_bytes, bool) or not isinstance(max_reply_bytes, int) or max_reply_bytes < 1:
+            raise ValueError(f"max_reply_bytes: must be an int >= 1, got {max_reply_bytes!r}")
         if isolation == "process":
             if not isinstance(fn, str) and inspect.iscoroutinefunction(fn):
                 raise TypeError("fn: an async function cannot run in a worker process; use isolation='thread'")
@@ -121,8 +146,16 @@ class RewardFunction:
         self.max_workers = max_workers or _default_workers()
         self.retries = retries
         self.timeout_reward = timeout_reward
-        self._limiter = trio.CapacityLimiter(self.max_workers)
-        self._pool = IsolatedWorkers(self.max_workers, what="reward worker process") if isolation == "process" else None
+        self.trust_worker_pickles = trust_worker_pickles
+        self._limiters: tuple[object, trio.CapacityLimiter] | None = None  # made in the run that uses it
+        self._pool = (
+            IsolatedWorkers(
+                fn, self.max_workers, what="reward worker process", trust_pickles=trust_worker_pickles,
+                limits=limits, max_reply_bytes=max_reply_bytes,
+            )  # fmt: skip
+            if isolation == "process"
+            else None
+        )
         self._resolved: Callable[..., Any] | None = None
         self._lock = threading.Lock()  # the counters are touched by abandoned threads too
         self._calls = self._timeouts = self._not_started = self._hung = 0
@@ -143,16 +176,45 @@ class RewardFunction:
         with self._lock:
             return RewardStatistics(self._calls, self._timeouts, self._not_started, self._hung)
 
+    @property
+    def _limiter(self) -> trio.CapacityLimiter:
+        token = trio.lowlevel.current_trio_token()
+        if self._limiters is None or self._limiters[0] is not token:
+            self._limiters = (token, trio.CapacityLimiter(self.max_workers))
+        return self._limiters[1]
+
     async def __aenter__(self) -> RewardFunction:
-        if self._pool is not None:
-            await self._pool.__aenter__()
+        """Start the worker processes (process isolation) and wait until they are ready."""
+        await self.start()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the worker processes now (the first call does it otherwise); no-op for threads.
+
+        Raises:
+            RewardWorkerError: a worker could not start (its message says why).
+            RuntimeError: :meth:`aclose` was called.
+        """
         if self._pool is not None:
-            await self._pool.__aexit__(exc_type, exc, tb)
+            try:
+                await self._pool.start()
+            except WorkerDied as exc:
+                raise RewardWorkerError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        """Kill the worker processes and everything they started; later calls raise RuntimeError.
+
+        A pool started by a call (not by ``async with``) lives until this is awaited, or
+        until this process exits (the workers see their pipes close and exit with all
+        they started).
+        """
+        if self._pool is not None:
+            await self._pool.aclose()
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         attempts = self.retries + 1
@@ -185,12 +247,13 @@ class RewardFunction:
 
     async def _attempt(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._pool is not None:
-            payload = pickle.dumps((self.fn, args, kwargs))
+            payload = pickle.dumps((args, kwargs))
             try:
-                status, body, text = await self._pool.run(payload, self.timeout)
-                return unpickle_reply(status, body, text, "reward worker process")
+                return await self._pool.run(payload, self.timeout)
             except WorkerTimedOut as exc:
                 raise RewardTimeoutError(str(exc)) from None
+            except WorkerResourceError as exc:
+                raise RewardResourceError(str(exc)) from None
             except WorkerDied as exc:
                 raise RewardWorkerError(str(exc)) from None
         fn = self._function()
@@ -206,6 +269,10 @@ class RewardFunction:
                 state["started"] = True
             try:
                 return fn(*args, **kwargs)
+            except Exception:
+                raise
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt: the task fails, not the run
+                raise RewardWorkerError(f"the reward raised {type(exc).__name__}({exc}); the call fails, the run goes on") from None
             finally:
                 with self._lock:
                     state["finished"] = True
