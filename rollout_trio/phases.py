@@ -26,7 +26,7 @@ import trio
 
 from . import workflow_context
 
-__all__ = ["PhaseRecord", "add_phase_listener", "new_session", "phase", "remove_phase_listener", "traced_phase"]
+__all__ = ["PhaseRecord", "add_phase_listener", "new_session", "phase", "phase_metrics", "remove_phase_listener", "traced_phase"]
 
 Status = Literal["ok", "cancelled", "error"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -188,3 +188,26 @@ def new_session() -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def phase_metrics(registry: Any = None) -> Callable[[PhaseRecord], None]:
+    """Export phase durations as ``rollout_trio_phase_seconds{phase,status}`` (a histogram).
+
+    Args:
+        registry: the ``prometheus_client`` registry (default: the process's).
+
+    Returns:
+        The listener, already added (:func:`remove_phase_listener` stops it).
+    """
+    from prometheus_client import REGISTRY, Histogram
+
+    histogram = Histogram(
+        "rollout_trio_phase_seconds", "Wall time of each traced workflow phase, by phase and how it ended",
+        ["phase", "status"], registry=registry if registry is not None else REGISTRY,
+    )  # fmt: skip
+
+    def listener(rec: PhaseRecord) -> None:
+        histogram.labels(rec.phase, rec.status).observe(rec.seconds)
+
+    add_phase_listener(listener)
+    return listener
