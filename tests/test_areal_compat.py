@@ -195,3 +195,22 @@ def test_vision_rlvr_workflow_file_runs_unchanged():
 )
 def test_math_agents_run_unchanged():
     raise AssertionError("runs once the agent SDK issue lands")
+
+
+def test_run_command_runs_arealss_rlvr_file_with_the_flag(areal_sources, capsys):
+    from rollout_trio.cli import main
+
+    try:
+        assert main(["run", "--groups", "2", "--group-size", "2", "--max-new-tokens", "3", "--areal-compat", str(areal_sources)]) == 0
+        assert sys.modules["areal.workflow.rlvr"].__file__.startswith(str(areal_sources))
+    finally:
+        compat.uninstall()
+    out = capsys.readouterr().out
+    assert "rollout/phase/reward_seconds" in out and out.count("rewards [") == 2  # its phases reached the stats
+
+
+def test_run_command_names_a_directory_without_arealss_sources(tmp_path, capsys):
+    from rollout_trio.cli import main
+
+    assert main(["run", "--areal-compat", str(tmp_path)]) != 0
+    assert "rlvr.py" in capsys.readouterr().err
