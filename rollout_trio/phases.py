@@ -125,7 +125,7 @@ class phase:  # noqa: N801 - used like a function: ``with phase("x")`` / ``async
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         cm, self._cm = self._cm, None
-        return cm.__exit__(*exc_info)  # type: ignore[no-any-return]
+        return cm.__exit__(*exc_info)
 
     async def __aenter__(self) -> None:
         self.__enter__()

@@ -200,3 +200,21 @@ def test_phase_metrics_export_a_histogram_by_phase_and_status():
 def test_phase_name_must_be_a_non_empty_str():
     with pytest.raises(ValueError, match="phase name"):
         rollout_trio.phase("")
+
+
+def test_concat_padded_tensors_right_pads_rows_and_refuses_another_pad_value():
+    import torch
+
+    from rollout_trio.compat.areal.data import concat_padded_tensors
+
+    def row(n):
+        return {
+            "input_ids": torch.ones(1, n, dtype=torch.int32), "loss_mask": torch.ones(1, n, dtype=torch.int32),
+            "logprobs": torch.zeros(1, n), "versions": torch.zeros(1, n, dtype=torch.int32),
+            "attention_mask": torch.ones(1, n, dtype=torch.bool), "rewards": torch.ones(1),
+        }  # fmt: skip
+
+    out = concat_padded_tensors([row(2), row(3)])
+    assert out["input_ids"].shape == (2, 3) and out["attention_mask"][0].tolist() == [True, True, False]
+    with pytest.raises(compat.ArealCompatError, match="pad_value"):
+        concat_padded_tensors([row(2)], pad_value=1.0)

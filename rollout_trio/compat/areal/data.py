@@ -21,4 +21,4 @@ def concat_padded_tensors(tensor_dicts: list[dict[str, Any]], pad_value: float =
         raise ArealCompatError(f"concat_padded_tensors(pad_value={pad_value!r}): rollout_trio pads with 0 only")
     if not tensor_dicts:
         return {}
-    return concat_trajectories(tensor_dicts).to_dict()  # type: ignore[arg-type]
+    return concat_trajectories(tensor_dicts).to_dict()
