@@ -62,6 +62,11 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from .executor import TrajectoryDumper as TrajectoryDumper
     from .executor import open_executor as open_executor
     from .executor import read_dump as read_dump
+    from .phases import PhaseRecord as PhaseRecord
+    from .phases import add_phase_listener as add_phase_listener
+    from .phases import new_session as new_session
+    from .phases import phase as phase
+    from .phases import traced_phase as traced_phase
     from .rewards import RewardFunction as RewardFunction
     from .rewards import RewardTimeoutError as RewardTimeoutError
     from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
@@ -91,6 +96,7 @@ __all__ = [
     "MultiTurnWorkflow",
     "NormConfig",
     "OpenAIEndpoint",
+    "PhaseRecord",
     "RewardFunction",
     "RewardTimeoutError",
     "RewardValueError",
@@ -112,6 +118,10 @@ __all__ = [
     "converter",
     "from_json",
     "interactions_to_trajectory",
+    "add_phase_listener",
+    "new_session",
+    "phase",
+    "traced_phase",
     "normalize_advantages",
     "normalize_rewards",
     "open_executor",
@@ -147,6 +157,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Interaction": ("._interaction", "Interaction"),
     "interactions_to_trajectory": ("._interaction", "interactions_to_trajectory"),
     "ModelRequest": ("._io", "ModelRequest"),
+    "PhaseRecord": (".phases", "PhaseRecord"),
+    "add_phase_listener": (".phases", "add_phase_listener"),
+    "new_session": (".phases", "new_session"),
+    "phase": (".phases", "phase"),
+    "traced_phase": (".phases", "traced_phase"),
     "ModelResponse": ("._io", "ModelResponse"),
     "MultiTurnWorkflow": (".workflows", "MultiTurnWorkflow"),
     "normalize_advantages": ("._normalize", "normalize_advantages"),

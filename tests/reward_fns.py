@@ -124,3 +124,22 @@ class Unloadable(Exception):
 
 def raise_unloadable(*args):
     raise Unloadable(1, 2)
+
+
+def areal_length_reward(prompt, completions, prompt_ids, completion_ids, **data):
+    """AReaL's reward signature: 1.0 for an even number of completion tokens (a worker process runs it)."""
+    return float(len(completion_ids) % 2 == 0)
+
+
+def areal_zero_reward(prompt, completions, prompt_ids, completion_ids, **data):
+    """Always wrong: AReaL's multi-turn workflow then asks again (its turn 2 is exercised)."""
+    return 0.0
+
+
+def alarm_reward(*args, **kwargs):
+    """Uses ``signal.alarm`` as ``math_verify`` does: only a worker process's main thread may."""
+    import signal
+
+    signal.alarm(5)
+    signal.alarm(0)
+    return 1.0

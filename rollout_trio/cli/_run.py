@@ -117,6 +117,13 @@ def _parser() -> Parser:
         default=None,
         help="write each episode's lifecycle as Chrome trace JSON to FILE, for https://ui.perfetto.dev (default: off)",
     )
+    p.add_argument(
+        "--areal-compat",
+        metavar="DIR",
+        default=None,
+        help="run AReaL's own areal/workflow/rlvr.py from DIR (an unpacked AReaL wheel) unchanged, under the "
+        "rollout_trio.compat.areal import hook, instead of the built-in workflow (docs/areal.md)",
+    )
     return p
 
 
@@ -244,11 +251,18 @@ async def _run(args: argparse.Namespace) -> int:
                 from ..observe import TracedEngine
 
                 traced = TracedEngine(engine, recorder)
-            workflow = rlvr_workflow(
-                engine.tokenizer,
-                arithmetic_reward,
-                GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-            )
+            if args.areal_compat is not None:
+                from ..compat.areal._cli import areal_rlvr_workflow
+
+                workflow = areal_rlvr_workflow(
+                    args.areal_compat, engine.tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature
+                )
+            else:
+                workflow = rlvr_workflow(
+                    engine.tokenizer,
+                    arithmetic_reward,
+                    GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+                )
             summary.header()
             show_bar = sys.stderr.isatty() if args.progress is None else args.progress
             with summary.progress_bar(show_bar):
@@ -289,6 +303,11 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
     if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         raise CommandError(f"--trace {args.trace}: no such directory for the trace file")
+    if args.areal_compat is not None:
+        from ..compat.areal._cli import check_sources
+
+        if (why := check_sources(args.areal_compat)) is not None:
+            raise CommandError(f"--areal-compat {args.areal_compat}: {why}")
     if args.dump is not None:
         try:
             os.makedirs(args.dump, exist_ok=True)
