@@ -47,6 +47,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--reward-normalization": (["--reward-normalization", "--group-size", "1"], 2, "needs --group-size >= 2"),
         "--metrics-port": (["--metrics-port", "70000"], 2, "--metrics-port: must be a port number 0-65535"),
         "--trace": (["--trace", "/nonexistent/trace.json"], 1, "--trace /nonexistent/trace.json: no such directory"),
+        "--areal-compat": (["--areal-compat", "/nonexistent"], 1, "--areal-compat /nonexistent: no /nonexistent/areal/workflow/rlvr.py"),
         "--seed": (["--seed", "-1"], 2, "--seed: must be an integer >= 0"),
         "--episode-timeout": (["--episode-timeout", "inf"], 2, "--episode-timeout: must be a finite number > 0"),
         "--timeout": (["--timeout", "-1"], 2, "--timeout: must be a finite number > 0"),
@@ -83,6 +84,10 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--stop-timeout": (["--stop-timeout", "inf"], 2, "--stop-timeout: must be a finite number > 0"),
         "--health-interval": (["--health-interval", "0.5"], 2, "--health-interval: must be an integer >= 1"),
         "--router-log-level": (["--router-log-level", "loud"], 2, "--router-log-level: invalid choice: 'loud'"),
+        "--ray": (["--ray", "head"], 2, "--ray: must be 'auto', 'ray://HOST:PORT' or HOST:PORT, got 'head'"),
+        "--ray-num-cpus": (["--ray-num-cpus", "-1"], 2, "--ray-num-cpus: must be a finite number >= 0"),
+        "--ray-num-gpus": (["--ray-num-gpus", "inf"], 2, "--ray-num-gpus: must be a finite number >= 0"),
+        "--key-file": (["--key-file", "/nonexistent/k"], 2, "--key-file: must be a file path in an existing directory"),
     },
     # {dump} is a small real dump (the `dump` fixture)
     "inspect": {

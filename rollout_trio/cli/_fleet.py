@@ -40,6 +40,7 @@ from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
     Parser,
+    non_negative_float,
     positive_float,
     positive_int,
     port,
@@ -115,15 +116,34 @@ def _parser() -> Parser:
     ray.add_argument(
         "--ray",
         metavar="ADDRESS",
+        type=_ray_address,
         default=None,
         help="place the workers on this Ray cluster ('auto', 'ray://HOST:PORT' or HOST:PORT) instead of this machine",
     )
-    ray.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs Ray reserves for each worker")
-    ray.add_argument("--ray-num-gpus", type=float, default=0.0, help="GPUs Ray reserves for each worker")
+    ray.add_argument("--ray-num-cpus", type=non_negative_float, default=1.0, help="CPUs Ray reserves for each worker")
+    ray.add_argument("--ray-num-gpus", type=non_negative_float, default=0.0, help="GPUs Ray reserves for each worker")
     ray.add_argument(
-        "--key-file", default=None, help="where the fleet's api key is written, mode 0600 (default: a file in $XDG_RUNTIME_DIR or /tmp)"
+        "--key-file",
+        type=_key_file,
+        default=None,
+        help="where the fleet's api key is written, mode 0600 (default: a file in $XDG_RUNTIME_DIR or /tmp)",
     )
     return p
+
+
+def _ray_address(text: str) -> str:
+    """A Ray address: 'auto', 'ray://HOST:PORT' or HOST:PORT."""
+    if text == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"must be 'auto', 'ray://HOST:PORT' or HOST:PORT, got {text!r}")
+
+
+def _key_file(text: str) -> str:
+    """A file to create, in a directory that exists."""
+    where = os.path.dirname(os.path.abspath(text))
+    if not text or os.path.isdir(text) or not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"must be a file path in an existing directory, got {text!r}")
+    return text
 
 
 def _free_port() -> int:
