@@ -15,7 +15,10 @@ time, and each move between places happens without a checkpoint):
 
 So ``submitted == accepted + rejected + failed + cancelled + stale + discarded + queued +
 running + buffered`` always (:meth:`RolloutExecutor.statistics`). A task starts only while
-``running + buffered < queue_size``, so buffered results never exceed ``queue_size``.
+``running`` plus the results waiting in the common pool (``submit``'s, for ``wait``) is below
+``queue_size``; results a call owns (a ``rollout_batch``'s own, ``prepare_batch``'s
+leftovers) never stop that call or other work from starting, so a batch of any length
+finishes (issue 27).
 
 A call takes its results in one synchronous step when it returns; a call cancelled before
 that step has taken nothing, so nothing is ever put back. The staleness bound is checked in
@@ -205,6 +208,10 @@ class RolloutExecutor:
         self._submitted = 0
         self._accepted = 0
         self._buffered = 0
+        # Of those, the ones in the common pool (submit's, for wait()): only they count
+        # against queue_size. A call's own results (a rollout_batch's, prepare_batch's
+        # leftovers) never stop that call or other work from starting (issue 27).
+        self._pool_buffered = 0
         self._cancelled = 0
         self._stale = 0
         self._discarded = 0
@@ -459,7 +466,7 @@ class RolloutExecutor:
         return (
             not self._paused
             and len(self._running) < max(1, self.staleness.max_concurrent_rollouts)
-            and len(self._running) + self._buffered < self.queue_size
+            and len(self._running) + self._pool_buffered < self.queue_size
         )
 
     async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -608,6 +615,8 @@ class RolloutExecutor:
             task.version = task.start_version if oldest is None else oldest
             self._buffered += 1
             self._held[task.task_id] = task
+            if owner is self._common:
+                self._pool_buffered += 1
         elif status == "rejected":
             self._rejected[reason or "rejected"] += 1
         elif status == "failed":
@@ -642,6 +651,8 @@ class RolloutExecutor:
         task.dropped = why
         task.result = None
         self._buffered -= 1
+        if task.owner is self._common:
+            self._pool_buffered -= 1
         del self._held[task.task_id]
         if why == "stale":
             self._stale += 1
@@ -667,6 +678,8 @@ class RolloutExecutor:
             self._resultless.add(task.task_id)
             return None
         self._buffered -= 1
+        if task.owner is self._common:
+            self._pool_buffered -= 1
         del self._held[task.task_id]
         self._accepted += 1
         result, task.result = task.result, None
@@ -681,13 +694,13 @@ class RolloutExecutor:
         """A finished task of an abandoned batch call: training results go to the common pool
         (for ``wait``), evaluation results are dropped (they are never training data)."""
         task.owner.finished.pop(task.task_id, None)
+        if task.deliverable and task.is_eval:
+            self._drop(task, "abandoned")  # still the batch's: it never counted in the pool
         task.owner = self._common
         if not task.deliverable:
             self._forget(task)
-        elif task.is_eval:
-            self._drop(task, "abandoned")
-            self._forget(task)
         else:
+            self._pool_buffered += 1  # from now on it waits for wait(), like a submit's
             self._common.finished[task.task_id] = task
 
     def _abandon(self, owner: Owner, tasks: list[Task]) -> None:
