@@ -125,8 +125,9 @@ async def ray_part(cluster: Any, nodes: list[Any], cfg: dict[str, Any], out: dic
             await throughput(fleet.router_url, fleet.api_key, cfg["seconds"], cfg["concurrency"]) for _ in range(cfg["rounds"])
         ]
         victim = fleet.servers[0]
-        raylets = {p.process.pid: n for n in nodes for p in n.all_processes.get("raylet", [])}
-        node = next(n for pid, n in raylets.items() if _descends(victim.pid or 0, pid))
+        from rollout_trio.ray._process import descends_from
+
+        node = next(n for n in nodes if descends_from(victim.pid or 0, {p.process.pid for p in n.all_processes.get("raylet", [])}))
         removed = time.monotonic()
         await trio.to_thread.run_sync(cluster.remove_node, node)
         with trio.fail_after(300):
@@ -134,18 +135,6 @@ async def ray_part(cluster: Any, nodes: list[Any], cfg: dict[str, Any], out: dic
                 await trio.sleep(0.05)
         out["heal_from_loss_s"] = time.monotonic() - removed
         out["heal_from_notice_s"] = fleet.heal_times[-1]
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False
 
 
 def local_part(cfg: dict[str, Any], out: dict[str, Any]) -> None:

@@ -147,17 +147,9 @@ def _serving(engine: Any, version: int) -> set[str]:
 
 def _node_runs(node: Any, pid: int | None) -> bool:
     """Whether ``pid`` descends from one of ``node``'s Ray processes (its raylet)."""
-    raylet = node.all_processes.get("raylet")
-    roots = {p.process.pid for p in raylet or []}
-    while pid and pid > 1:
-        if pid in roots:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False
+    from rollout_trio.ray._process import descends_from
+
+    return descends_from(pid or 0, {p.process.pid for p in node.all_processes.get("raylet") or []})
 
 
 def cli_phase(address: str) -> dict[str, Any]:

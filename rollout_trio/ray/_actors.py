@@ -34,7 +34,25 @@ def node_address() -> tuple[str, str]:
     return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
 
-class ServerActor:
+class _ProcessOwner:
+    """What both actors share: the one process they own."""
+
+    owned: OwnedProcess | None = None
+    info: dict[str, Any] | None = None
+
+    def running(self) -> bool:
+        """Whether the process this actor started is still alive."""
+        return self.owned is not None and self.owned.alive()
+
+    def stop(self, timeout: float) -> None:
+        """Stop the process (SIGTERM to its process group, SIGKILL after ``timeout``)."""
+        if self.owned is not None:
+            self.owned.stop(timeout)
+            self.owned = None
+            self.info = None
+
+
+class ServerActor(_ProcessOwner):
     """Owns one inference server on the node Ray placed it on."""
 
     def __init__(
@@ -82,19 +100,9 @@ class ServerActor:
         }
         return self.info
 
-    def running(self) -> bool:
-        """Whether the server process this actor started is still alive."""
-        return self.owned is not None and self.owned.alive()
-
-    def stop(self, timeout: float) -> None:
-        """Stop the server (SIGTERM to its process group, SIGKILL after ``timeout``)."""
-        if self.owned is not None:
-            self.owned.stop(timeout)
-            self.owned = None
-            self.info = None
 
 
-class RouterActor:
+class RouterActor(_ProcessOwner):
     """Owns sglang-router on the node Ray placed it on (the driver's, by default)."""
 
     def __init__(self, options: Sequence[str], api_key: str | None, startup_timeout: float) -> None:
@@ -126,12 +134,3 @@ class RouterActor:
         wait_healthy(self.owned, url, self.startup_timeout, where)
         self.info = {"url": url, "metrics_url": f"http://{host}:{metrics_port}/metrics", "pid": self.owned.pid}
         return self.info
-
-    def running(self) -> bool:
-        return self.owned is not None and self.owned.alive()
-
-    def stop(self, timeout: float) -> None:
-        if self.owned is not None:
-            self.owned.stop(timeout)
-            self.owned = None
-            self.info = None

@@ -36,6 +36,7 @@ __all__ = [
     "SERVER_KINDS",
     "OwnedProcess",
     "RayFleetError",
+    "descends_from",
     "free_port",
     "missing_binary",
     "router_argv",
@@ -58,6 +59,19 @@ _PRELUDE = (
 class RayFleetError(RuntimeError):
     """A Ray-placed fleet could not start or keep a server: the message names the server,
     the node and the cause (missing resources, a binary not installed, a failed start)."""
+
+
+def descends_from(pid: int, ancestors: set[int]) -> bool:
+    """Whether ``pid`` is one of ``ancestors`` or a descendant of one (Linux ``/proc``)."""
+    while pid > 1:
+        if pid in ancestors:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
 
 
 def free_port(host: str) -> int:
