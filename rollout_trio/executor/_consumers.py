@@ -189,6 +189,7 @@ class ConsumerCalls:
             items = await trio.to_thread.run_sync(list, data_list)
             self._check()
         admission = self._admission
+        self._sweep_stale()  # a stale result gives its budget back
         if not is_eval and len(items) > admission.budget_for_new():
             raise ValueError(
                 f"rollout_batch: {len(items)} training tasks can never all start before the next version bump: "
@@ -348,8 +349,9 @@ class ConsumerCalls:
         strict = self.config.deterministic_sampling or self._seed() is not None
         with self._progress(batch_size, progress, "traj") as bar, self._watch.call("prepare_batch", feed.owner, self._park) as w:
             while True:
+                self._sweep_stale()  # first: a dropped result makes room for the top-up
                 await self._top_up(feed, batch_size)
-                self._sweep_stale()
+                self._sweep_stale()  # (an async source's read is a checkpoint)
                 chosen = feed.choose(batch_size, dynamic_bs, strict, self._order_key())
                 if chosen is not None:
                     break
@@ -364,15 +366,18 @@ class ConsumerCalls:
 
     async def _top_up(self, feed: PrepareFeed, batch_size: int) -> None:
         """Queue source items while fewer than the pending limit are outstanding (queued,
-        running, or accepted and untaken): a trainer that stops asking stops the reading."""
-        limit = self.staleness.get_pending_limit()
+        running, or accepted and untaken): a trainer that stops asking stops the reading.
+        Other work queued (submits waiting for room in the common pool) does not stop it."""
+        limit = max(self.staleness.get_pending_limit(), batch_size)
+        outstanding = sum(1 for t in feed.tasks if t.status is None or t.deliverable)
         while True:
-            outstanding = sum(1 for t in feed.tasks if t.status is None or t.deliverable)
-            queued = self._admission.queued
-            if outstanding >= max(limit, batch_size) or queued + batch_size >= self.queue_size or feed.items.exhausted:
+            if outstanding >= limit or feed.items.exhausted:
                 return
-            item = await feed.items.next_item()
-            self._check()
+            if feed.items.in_memory:  # read at once: the whole top-up is one step
+                item = feed.items.next_nowait()
+            else:
+                item = await feed.items.next_item()
+                self._check()
             if item is END:
                 return
             task = self._enqueue(
@@ -380,3 +385,4 @@ class ConsumerCalls:
                 callback=feed.callback,
             )  # fmt: skip
             feed.tasks.append(task)
+            outstanding += 1

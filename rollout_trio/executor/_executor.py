@@ -457,6 +457,10 @@ class RolloutExecutor(ConsumerCalls):
         poll = self.config.version_poll_interval
         admission = self._admission
         while True:
+            if admission.queued:
+                # A stale result gives back its budget and its room in the pool: drop it
+                # before deciding what can start (a no-op unless one is old enough).
+                self._sweep_stale()
             started = False
             while (task := admission.next_task()) is not None:
                 self._start(task)
@@ -465,10 +469,9 @@ class RolloutExecutor(ConsumerCalls):
                 self._notify()
             if admission.starved():
                 # Starved of budget: only a version bump opens it, and the trainer may bump
-                # the engine directly. Stale results may also be waiting to be swept.
+                # the engine directly (polled: no call tells the executor).
                 with trio.move_on_after(poll):
                     await self._lot.park()
-                self._sweep_stale()
             else:
                 await self._lot.park()
 
@@ -606,6 +609,8 @@ class RolloutExecutor(ConsumerCalls):
             return
         floor = self.get_version() - self.config.max_head_offpolicyness
         store = self._store
+        if floor <= store.oldest_held:
+            return
         for task in store.stale_below(floor):
             store.drop(task, "stale")
             logger.info("Task %d: dropped, its oldest token (version %d) is older than %d.", task.task_id, task.version, floor)

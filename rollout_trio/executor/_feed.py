@@ -71,6 +71,16 @@ class Feed:
                 await trio.to_thread.run_sync(self._read_sync, limiter=self._limiter)
         return self._items.popleft()
 
+    def next_nowait(self) -> Any:
+        """For an in-memory source (which cannot block): the next item at once, or
+        :data:`END` when a read-once source is used up."""
+        assert self.in_memory
+        while not self._items:
+            if self.exhausted:
+                return END
+            self._read_sync()
+        return self._items.popleft()
+
     def _end_of_pass(self) -> None:
         """Called (in the reading thread for sync sources) when a pass ends."""
         self._it = None

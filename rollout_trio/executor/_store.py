@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -158,6 +159,9 @@ class IdSet:
                 self._hi.insert(k, b)
 
 
+_NONE_HELD = sys.maxsize
+
+
 def _tokens_of(result: Any) -> int:
     """Generated tokens of a result (its loss-mask positions; its positions without a mask)."""
     if isinstance(result, Trajectory):
@@ -182,6 +186,9 @@ class TaskStore:
         self.seen = IdSet()  # every id ever submitted
         self.resultless = IdSet()  # ended without a result for anyone (wait_for_task returns None)
         self.buffered = 0
+        # A lower bound on the oldest version of any held training result: a sweep with a
+        # floor at or below it has nothing to drop, and costs nothing.
+        self.oldest_held = _NONE_HELD
         self.accepted = 0
         self.stale = 0
         self.stale_tokens = 0
@@ -196,6 +203,8 @@ class TaskStore:
         """An accepted task's result waits for its owner."""
         self.buffered += 1
         self.held[task.task_id] = task
+        if not task.is_eval and task.version < self.oldest_held:
+            self.oldest_held = task.version
         if task.owner is self.common:
             self.admission.pool_buffered += 1
 
@@ -225,8 +234,11 @@ class TaskStore:
         self._unhold(task)
 
     def stale_below(self, floor: int) -> list[Task]:
-        """The untaken training results whose oldest token is older than version ``floor``."""
-        return [t for t in self.held.values() if not t.is_eval and t.version < floor]
+        """The untaken training results whose oldest token is older than version ``floor``
+        (``oldest_held`` becomes the oldest version among the rest)."""
+        stale = [t for t in self.held.values() if not t.is_eval and t.version < floor]
+        self.oldest_held = min((t.version for t in self.held.values() if not t.is_eval and t.version >= floor), default=_NONE_HELD)
+        return stale
 
     def take(self, task: Task) -> Result | None:
         """Hand ``task``'s result to its owner's call: the task leaves the executor."""
