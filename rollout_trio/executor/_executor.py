@@ -407,12 +407,18 @@ class RolloutExecutor(ConsumerCalls):
         self._notify()
 
     async def resume(self) -> None:
-        """Undo :meth:`pause` (after any pause still in progress has finished)."""
+        """Undo :meth:`pause` (after any pause still in progress has finished).
+
+        The executor resumes even when the engine's resume raises (the error is raised
+        after): a server that refuses cannot keep the executor paused.
+        """
         self._check()
         async with self._control:
-            await self.engine.resume()
-            self._admission.paused = False
-        self._notify()
+            try:
+                await self.engine.resume()
+            finally:
+                self._admission.paused = False
+                self._notify()
 
     def set_version(self, version: int) -> None:
         """Tell the executor (and a client-versioned engine) the trainer's version.
