@@ -69,8 +69,8 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
             violations.append(f"{where}: {s}")
         # queue_size bounds the results waiting in the common pool (for wait()); a call's
         # own results (a rollout_batch's, prepare_batch's leftovers) are the call's (issue 27).
-        if ex._pool_buffered > ex.queue_size:
-            violations.append(f"{where}: pool holds {ex._pool_buffered} > queue_size {ex.queue_size}")
+        if ex._admission.pool_buffered > ex.queue_size:
+            violations.append(f"{where}: pool holds {ex._admission.pool_buffered} > queue_size {ex.queue_size}")
 
     async def main() -> None:
         engine = ScriptedEngine(delay=1)

@@ -55,6 +55,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from .agents import AgentRolloutWorkflow as AgentRolloutWorkflow
     from .agents import OpenAIEndpoint as OpenAIEndpoint
     from .executor import ExecutorFailed as ExecutorFailed
+    from .executor import ExecutorStalled as ExecutorStalled
     from .executor import ExecutorObserver as ExecutorObserver
     from .executor import RolloutConfig as RolloutConfig
     from .executor import RolloutExecutor as RolloutExecutor
@@ -84,6 +85,7 @@ __all__ = [
     "EngineServerError",
     "EngineTimeoutError",
     "ExecutorFailed",
+    "ExecutorStalled",
     "ExecutorObserver",
     "FleetError",
     "GenerationConfig",
@@ -147,6 +149,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "EngineServerError": ("._errors", "EngineServerError"),
     "EngineTimeoutError": ("._errors", "EngineTimeoutError"),
     "ExecutorFailed": (".executor", "ExecutorFailed"),
+    "ExecutorStalled": (".executor", "ExecutorStalled"),
     "ExecutorObserver": (".executor", "ExecutorObserver"),
     "FleetError": ("._errors", "FleetError"),
     "from_json": ("._convert", "from_json"),

@@ -31,7 +31,7 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
         raise RewardValueError(f"{what}: must be a finite real number, not a bool, got {value!r}")
     if hasattr(value, "ndim") and hasattr(value, "item"):  # torch tensor or numpy array/scalar
         if value.ndim != 0:
-            raise WorkflowContractError(
+            raise RewardValueError(
                 f"{what}: must be a scalar (0-d), got an array of shape {tuple(value.shape)}"
             )
         value = value.item()
@@ -45,7 +45,7 @@ def as_reward_scalar(value: Any, *, what: str = "rollout_reward") -> float:
     if not math.isfinite(out):
         raise RewardValueError(f"{what}: rollout_reward must be finite, got {out!r}")
     if abs(out) > FLOAT32_MAX:
-        raise WorkflowContractError(
+        raise RewardValueError(
             f"{what}: must fit in float32 (|reward| <= {FLOAT32_MAX:.7g}), got {out!r}"
         )
     return out

@@ -78,8 +78,14 @@ _TENSOR_KEYS = tuple((key, _DTYPES[key], key in SEQUENCE_KEYS) for key in SEQUEN
 _DTYPE_OK: dict[tuple[str, torch.dtype], bool] = {}
 
 
+_REWARD_KEYS = frozenset({"rewards", "original_rewards"})
+
+
 def _fail(where: str, key: str, rule: str, expected: str, got: str) -> WorkflowContractError:
-    return WorkflowContractError(f"{where}{key!r}: {rule}; expected {expected}, got {got}")
+    # A bad reward (a string, a value float32 cannot hold, a wrong shape) is that episode's
+    # bad luck: the executor rejects the task instead of stopping (RewardValueError).
+    kind = RewardValueError if key in _REWARD_KEYS else WorkflowContractError
+    return kind(f"{where}{key!r}: {rule}; expected {expected}, got {got}")
 
 
 def _tensor(where: str, key: str, value: Any) -> torch.Tensor:

@@ -606,14 +606,12 @@ class RemoteEngine:
     async def resume(self) -> None:
         """Continue generation on every server in service, then release held segments.
 
-        This engine resumes whatever the servers answer; a server that cannot be reached
-        is taken out of service and resumed when it is brought back.
-
-        Raises:
-            FleetError: a server refused the resume.
+        This engine resumes whatever the servers answer: a server that cannot be reached,
+        or that refuses, is taken out of service (logged) and resumed when it is brought
+        back, so one server cannot keep the fleet paused.
         """
         try:
-            await self._control("resume", lambda s: s.backend.resume())
+            await self._control("resume", lambda s: s.backend.resume(), refusals="take_out")
         finally:
             self._paused = False
             self._gate.set()
@@ -712,7 +710,7 @@ class RemoteEngine:
         be resumed is taken out of service (and resumed when it is brought back)."""
         with trio.CancelScope(shield=True), trio.move_on_after(self._control_timeout * 2):
             try:
-                await self._control("resume", lambda s: s.backend.resume(), raise_refusals=False)
+                await self._control("resume", lambda s: s.backend.resume(), refusals="take_out")
             finally:
                 self._paused = False
                 self._gate.set()
@@ -772,23 +770,20 @@ class RemoteEngine:
         return done, errors
 
     async def _control(
-        self, what: str, calls_for: Callable[[Server], list[HttpCall]], *, raise_refusals: bool = True
+        self, what: str, calls_for: Callable[[Server], list[HttpCall]], *, refusals: str = "raise"
     ) -> None:
         """Pause or resume the servers in service; skip (and take out) unavailable ones.
+        A refusal raises (``refusals="raise"``) or takes that server out too (``"take_out"``).
 
         Raises:
             FleetError: a server refused the call (it stays in service).
         """
         _done, errors = await self._fan_out(calls_for)
-        away = {s: e for s, e in errors.items() if _unavailable(e)}
+        away = {s: e for s, e in errors.items() if refusals == "take_out" or _unavailable(e)}
         self._take_out(what, away)
         refused = {s.base_url: e for s, e in errors.items() if s not in away}
         if refused:
-            message = f"RemoteEngine.{what}: refused by " + _listing(refused)
-            if not raise_refusals:
-                log.error("%s", message)
-                return
-            raise FleetError(message, refused)
+            raise FleetError(f"RemoteEngine.{what}: refused by " + _listing(refused), refused)
 
     def _take_out(self, what: str, errors: Mapping[Server, EngineError]) -> None:
         """Mark each server down with a logged :class:`ServerUnavailableError` naming it."""
@@ -958,8 +953,12 @@ class RemoteEngine:
             try:
                 with self._router.track(server):
                     body = await self._send_generate(server, call, srid)
-            except EngineConnectError:
-                self._router.mark_down(server)
+            except EngineConnectError as exc:
+                # Refused: the server is away. A read that broke mid-answer may be the
+                # connection's fault alone: the server is marked down only if its health
+                # check fails too (the attempt is retried elsewhere either way).
+                if isinstance(exc.__cause__, httpx.ConnectError) or await self._probe(server) is not None:
+                    self._router.mark_down(server)
                 tried.add(server)
                 raise
             except EngineError as exc:

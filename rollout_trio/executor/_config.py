@@ -76,8 +76,9 @@ class RolloutConfig:
         consumer_batch_size: trajectories the trainer consumes per version step (b).
         max_concurrent_rollouts: episodes in flight at once (default: ``consumer_batch_size``).
         max_head_offpolicyness: versions a trajectory may lag the trainer (s).
-        queue_size: the most finished trajectories held for the trainer, and the most
-            episodes running plus held (default ``16 * max_concurrent_rollouts``).
+        queue_size: the most results of ``submit`` waiting for ``wait()``, counting their
+            running episodes (default ``16 * max_concurrent_rollouts``); results a call
+            owns (``rollout_batch``'s, ``prepare_batch``'s) are not limited by it.
         on_workflow_error: ``"reject"`` counts a raising workflow as a failed task;
             ``"raise"`` stops the executor (``ExecutorFailed``) on the first one.
         episode_timeout: seconds one task may run; a timed-out task counts as failed.
@@ -93,6 +94,16 @@ class RolloutConfig:
         seed: seed every task's sampling as :func:`workflow_context.use_seed` does (a
             ``use_seed`` around the submitting call wins), and hand ``prepare_batch``
             results out in the source's order: every run gets the same batches.
+        max_consecutive_rejections: a consumer call whose tasks end this many times in a
+            row without a trajectory (rejected or failed) raises ``ExecutorStalled``
+            (default 1000; None never stops: AReaL's behaviour, resubmitting forever).
+        stall_warning_s: seconds a consumer call may wait without progress before one log
+            line, a metric and ``top`` say what it waits on (None: never).
+        drop_stale: drop an accepted training result whose oldest token falls more than
+            ``max_head_offpolicyness`` versions behind before a call takes it (the
+            per-trajectory bound; statistics count ``stale`` and ``stale_tokens``).
+            False is AReaL's rule: admission by the staleness budget only, nothing
+            dropped, so a consumed trajectory may be older than the bound.
     """
 
     consumer_batch_size: int = attrs.field(default=1, validator=_pos_int)
@@ -119,6 +130,11 @@ class RolloutConfig:
     seed: int | None = attrs.field(
         default=None, validator=_check("None or an integer >= 0", lambda v: v is None or (is_int(v) and v >= 0))
     )
+    max_consecutive_rejections: int | None = attrs.field(default=1000, validator=_opt_pos_int)
+    stall_warning_s: float | None = attrs.field(
+        default=60.0, validator=_check("None or a number of seconds > 0", lambda v: v is None or (is_real(v) and v > 0))
+    )
+    drop_stale: bool = attrs.field(default=True, validator=_flag)
 
     @property
     def concurrency(self) -> int:

@@ -30,11 +30,8 @@ carries none).
 from __future__ import annotations
 
 import collections
-import heapq
 import logging
-import math
-import sys
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -50,39 +47,27 @@ from .._check import check_trajectory_format
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ._config import RolloutConfig
-from ._feed import END, Feed, same_source
-from ._observer import ExecutorObserver, bind, emit, oldest_version
+from ._admission import Admission
+from ._consumers import ConsumerCalls
+from ._feed import PrepareFeed
+from ._liveness import ExecutorStalled, StallWatch
+from ._observer import ExecutorObserver, bind, bind_optional, emit, oldest_version
 from ._staleness import StalenessManager
-from ._store import IdSet, Owner, Status, Task
+from ._store import AcceptFn as AcceptFn  # the facade imports it from here
+from ._store import Callback, Owner, Status, Task, TaskOutcome, TaskStore
 from ._store import Result as Result  # the facade imports it from here
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
 
-__all__ = ["ExecutorFailed", "ExecutorStatistics", "RolloutExecutor", "TaskOutcome", "open_executor"]
+__all__ = ["ExecutorFailed", "ExecutorStalled", "ExecutorStatistics", "RolloutExecutor", "TaskOutcome", "open_executor"]
 
 logger = logging.getLogger("rollout_trio.executor")
 
-AcceptFn = Callable[[Any], Any]
-Callback = Callable[["TaskOutcome"], Any]
 
 
 class ExecutorFailed(RolloutError):
     """The executor stopped on an error (its ``__cause__``); every later call raises this."""
-
-
-@attrs.frozen
-class TaskOutcome:
-    """How one task ended, as passed to its completion callback.
-
-    ``trajectory`` is set for accepted tasks and for tasks ``should_accept_fn`` rejected.
-    """
-
-    task_id: int
-    status: Status
-    reason: str | None
-    trajectory: Result | None
-    data: Any
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +80,9 @@ class ExecutorStatistics:
     ``rollout_batch`` calls. ``capacity`` is the staleness manager's;
     ``oldest_buffered_version`` is the oldest token version of any buffered result
     (its start version when it has none; None when nothing is buffered).
+    ``stale_tokens`` counts the generated tokens of the ``stale`` results (the cost of the
+    per-trajectory bound: work generated, then not used); ``stalled_calls`` the consumer
+    calls waiting past ``stall_warning_s`` without progress, by call.
     """
 
     submitted: int
@@ -113,6 +101,8 @@ class ExecutorStatistics:
     paused: bool
     stale: int = 0
     discarded: int = 0
+    stale_tokens: int = 0
+    stalled_calls: Mapping[str, int] = attrs.field(factory=dict)
 
     def balanced(self) -> bool:
         """Whether every submitted task is accounted for exactly once."""
@@ -156,10 +146,12 @@ class _TrainerVersion:
         return max(self.engine.get_version(), self.announced)
 
 
-class RolloutExecutor:
+class RolloutExecutor(ConsumerCalls):
     """Submits rollouts under a staleness bound and hands accepted trajectories to a trainer.
 
-    Made by :func:`open_executor`; not constructed directly.
+    Made by :func:`open_executor`; not constructed directly. The consumer calls (``wait``,
+    ``wait_for_task``, ``rollout_batch``, ``rollout_stream``, ``prepare_batch``) are in
+    :class:`~rollout_trio.executor._consumers.ConsumerCalls`.
     """
 
     def __init__(
@@ -194,35 +186,25 @@ class RolloutExecutor:
         self._lot = trio.lowlevel.ParkingLot()
         self._control = trio.Lock()  # pause / resume, one at a time
         self._nursery: trio.Nursery | None = None
-        self._pending: collections.deque[Task] = collections.deque()  # training tasks waiting to start
-        self._pending_eval: collections.deque[Task] = collections.deque()
-        self._running: set[Task] = set()
-        self._tasks: dict[int, Task] = {}  # queued, running, or finished and untaken
-        self._held: dict[int, Task] = {}  # the deliverable ones among them (buffered)
-        self._common = Owner("common")
-        self._seen = IdSet()  # every id ever submitted
-        self._resultless = IdSet()  # ended without a result for anyone (wait_for_task returns None)
+        self._admission = Admission(self.staleness, self.queue_size)
+        self._store = TaskStore(self._admission)
+        self._common = self._store.common
+        self._watch = StallWatch(
+            config.stall_warning_s, config.max_consecutive_rejections, self._waiting_on,
+            bind_optional(self._observers, "call_stalled"), bind_optional(self._observers, "call_unstalled"),
+        )  # fmt: skip
         self._order = 0
         self._next_id = 0
         self._seq = 0
         self._submitted = 0
-        self._accepted = 0
-        self._buffered = 0
-        # Of those, the ones in the common pool (submit's, for wait()): only they count
-        # against queue_size. A call's own results (a rollout_batch's, prepare_batch's
-        # leftovers) never stop that call or other work from starting (issue 27).
-        self._pool_buffered = 0
         self._cancelled = 0
-        self._stale = 0
-        self._discarded = 0
         self._rejected: collections.Counter[str] = collections.Counter()
         self._failed: collections.Counter[str] = collections.Counter()
-        self._paused = False
         self._closed = False
         self._failure: BaseException | None = None
         self._failure_reported = False
         self._tracked_keys: set[str] | None = None
-        self._feed: _PrepareFeed | None = None
+        self._feed: PrepareFeed | None = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -259,24 +241,27 @@ class RolloutExecutor:
 
     def statistics(self) -> ExecutorStatistics:
         """The counters now (callable at any moment, even after a failure)."""
-        oldest = min((t.version for t in self._held.values()), default=None)
+        store = self._store
+        oldest = min((t.version for t in store.held.values()), default=None)
         return ExecutorStatistics(
             submitted=self._submitted,
-            queued=len(self._pending) + len(self._pending_eval),
-            running=len(self._running),
-            buffered=self._buffered,
-            accepted=self._accepted,
+            queued=self._admission.queued,
+            running=len(self._admission.running),
+            buffered=store.buffered,
+            accepted=store.accepted,
             rejected=sum(self._rejected.values()),
             rejected_by_reason=dict(self._rejected),
             failed=sum(self._failed.values()),
             failed_by_reason=dict(self._failed),
             cancelled=self._cancelled,
-            stale=self._stale,
-            discarded=self._discarded,
+            stale=store.stale,
+            stale_tokens=store.stale_tokens,
+            discarded=store.discarded,
             version=self.get_version(),
             capacity=self.staleness.get_capacity(),
             oldest_buffered_version=oldest,
-            paused=self._paused,
+            paused=self._admission.paused,
+            stalled_calls=dict(self._watch.stalled),
         )
 
     def group_statistics(self, *, reset: bool = True) -> dict[str, float]:
@@ -291,7 +276,10 @@ class RolloutExecutor:
     @property
     def paused(self) -> bool:
         """Whether :meth:`pause` is in effect."""
-        return self._paused
+        return self._admission.paused
+
+    def _waiting_on(self) -> str:
+        return self._admission.waiting_on(self.get_version())
 
     # -- submission ----------------------------------------------------------------------
 
@@ -304,14 +292,14 @@ class RolloutExecutor:
 
     def _take_id(self, task_id: int | None) -> int:
         if task_id is None:
-            while self._next_id in self._tasks:
+            while self._next_id in self._store.tasks:
                 self._next_id += 1
             task_id = self._next_id
             self._next_id += 1
             return task_id
         if isinstance(task_id, bool) or not isinstance(task_id, int):
             raise TypeError(f"task_id: must be an int or None, got {type(task_id).__name__}")
-        if task_id in self._tasks:
+        if task_id in self._store.tasks:
             raise ValueError(f"Duplicate task_id: {task_id}; a task with this id is pending, running or unconsumed")
         return task_id
 
@@ -334,20 +322,14 @@ class RolloutExecutor:
         callback: Callback | None,
     ) -> Task:
         tid = self._take_id(task_id)
-        self._seen.add(tid)
-        self._resultless.discard(tid)
         self._order += 1
         task = Task(
             tid, data, workflow, should_accept_fn, bool(is_eval), callback, owner, self._order,
             seed=self._seed(),
         )  # fmt: skip
-        self._tasks[tid] = task
+        self._store.add(task)
         owner.unfinished += 1
-        if task.is_eval:
-            self._pending_eval.append(task)
-        else:
-            self._pending.append(task)
-            self.staleness.on_rollout_enqueued()
+        self._admission.queue(task)
         self._submitted += 1
         if self._observers:
             now = trio.current_time()
@@ -397,24 +379,17 @@ class RolloutExecutor:
         return self._cancel(task_id)
 
     def _cancel(self, task_id: int) -> bool:
-        task = self._tasks.get(task_id)
+        task = self._store.tasks.get(task_id)
         if task is None or task.status is not None:
             return False
-        if task in self._running:
+        if task in self._admission.running:
             task.cancel_requested = True
             assert task.scope is not None
             task.scope.cancel()
             return True
-        self._unqueue(task)
+        self._admission.unqueue(task)
         self._conclude(task, "cancelled", "cancelled", None)
         return True
-
-    def _unqueue(self, task: Task) -> None:
-        if task.is_eval:
-            self._pending_eval.remove(task)
-        else:
-            self._pending.remove(task)
-            self.staleness.on_rollout_dequeued()
 
     # -- pause, versions ------------------------------------------------------------------
 
@@ -427,17 +402,23 @@ class RolloutExecutor:
         """
         self._check()
         async with self._control:
-            self._paused = True  # before the engine: nothing new starts while it pauses
+            self._admission.paused = True  # before the engine: nothing new starts while it pauses
             await self.engine.pause()
         self._notify()
 
     async def resume(self) -> None:
-        """Undo :meth:`pause` (after any pause still in progress has finished)."""
+        """Undo :meth:`pause` (after any pause still in progress has finished).
+
+        The executor resumes even when the engine's resume raises (the error is raised
+        after): a server that refuses cannot keep the executor paused.
+        """
         self._check()
         async with self._control:
-            await self.engine.resume()
-            self._paused = False
-        self._notify()
+            try:
+                await self.engine.resume()
+            finally:
+                self._admission.paused = False
+                self._notify()
 
     def set_version(self, version: int) -> None:
         """Tell the executor (and a client-versioned engine) the trainer's version.
@@ -462,13 +443,6 @@ class RolloutExecutor:
 
     # -- the dispatcher and the tasks -------------------------------------------------------
 
-    def _room(self) -> bool:
-        return (
-            not self._paused
-            and len(self._running) < max(1, self.staleness.max_concurrent_rollouts)
-            and len(self._running) + self._pool_buffered < self.queue_size
-        )
-
     async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -479,9 +453,7 @@ class RolloutExecutor:
 
     def _start(self, task: Task) -> None:
         assert self._nursery is not None
-        self._running.add(task)
-        if not task.is_eval:
-            self.staleness.on_rollout_submitted()
+        self._admission.started(task)
         self._seq += 1
         task.seq = self._seq
         task.scope = trio.CancelScope()
@@ -489,22 +461,23 @@ class RolloutExecutor:
 
     async def _dispatch(self) -> None:
         poll = self.config.version_poll_interval
+        admission = self._admission
         while True:
+            if admission.queued:
+                # A stale result gives back its budget and its room in the pool: drop it
+                # before deciding what can start (a no-op unless one is old enough).
+                self._sweep_stale()
             started = False
-            while self._pending_eval and self._room():  # eval: not limited by the staleness budget
-                self._start(self._pending_eval.popleft())
-                started = True
-            while self._pending and self._room() and self.staleness.get_capacity() > 0:
-                self._start(self._pending.popleft())
+            while (task := admission.next_task()) is not None:
+                self._start(task)
                 started = True
             if started:
                 self._notify()
-            if self._pending and self._room():
+            if admission.starved():
                 # Starved of budget: only a version bump opens it, and the trainer may bump
-                # the engine directly. Stale results may also be waiting to be swept.
+                # the engine directly (polled: no call tells the executor).
                 with trio.move_on_after(poll):
                     await self._lot.park()
-                self._sweep_stale()
             else:
                 await self._lot.park()
 
@@ -537,13 +510,8 @@ class RolloutExecutor:
             if cancelled is not None:
                 raise cancelled from None
         finally:
-            self._running.discard(task)
             status, reason, result = outcome if outcome is not None else ("cancelled", "cancelled", None)
-            if not task.is_eval:
-                if status == "accepted":
-                    self.staleness.on_rollout_accepted()
-                else:
-                    self.staleness.on_rollout_rejected()
+            self._admission.ended(task, status == "accepted")
             self._conclude(task, status, reason, result)
 
     def _on_error(self, task: Task, exc: BaseException) -> tuple[Status, str | None, Result | None]:
@@ -609,14 +577,12 @@ class RolloutExecutor:
         task.status, task.reason = status, reason
         owner = task.owner
         owner.unfinished -= 1
+        owner.record(status, reason)
         if status == "accepted":
             task.result = result
             oldest = oldest_version(result)
             task.version = task.start_version if oldest is None else oldest
-            self._buffered += 1
-            self._held[task.task_id] = task
-            if owner is self._common:
-                self._pool_buffered += 1
+            self._store.hold(task)
         elif status == "rejected":
             self._rejected[reason or "rejected"] += 1
         elif status == "failed":
@@ -631,84 +597,48 @@ class RolloutExecutor:
                 task.callback(TaskOutcome(task.task_id, status, reason, result, task.data))
             except Exception:
                 logger.exception("Completion callback of task %d failed.", task.task_id)
-        task.data = None
+        if owner.kind != "stream":  # a stream hands each outcome out with its data
+            task.data = None
         if owner.abandoned:
-            self._hand_on(task)
+            self._store.hand_on(task)
         elif owner is self._common and status != "accepted":
-            self._forget(task)  # nobody takes a result-less common task: wait_for_task answers None
+            self._store.forget(task)  # nobody takes a result-less common task: wait_for_task answers None
         else:
             owner.finished[task.task_id] = task
         self._notify()
 
-    def _forget(self, task: Task) -> None:
-        """``task`` leaves the executor without a result."""
-        self._tasks.pop(task.task_id, None)
-        self._resultless.add(task.task_id)
-        task.owner.finished.pop(task.task_id, None)
-
-    def _drop(self, task: Task, why: str) -> None:
-        """Withdraw an accepted, untaken result (``"stale"`` or ``"abandoned"``)."""
-        task.dropped = why
-        task.result = None
-        self._buffered -= 1
-        if task.owner is self._common:
-            self._pool_buffered -= 1
-        del self._held[task.task_id]
-        if why == "stale":
-            self._stale += 1
-            self.staleness.on_rollout_discarded()
-        else:
-            self._discarded += 1
-
     def _sweep_stale(self) -> None:
         """Drop every untaken training result more than ``max_head_offpolicyness`` versions
-        behind the current version. Every take calls it first, with no checkpoint between."""
+        behind the current version (unless ``drop_stale`` is off). Every take calls it
+        first, with no checkpoint between."""
+        if not self.config.drop_stale:
+            return
         floor = self.get_version() - self.config.max_head_offpolicyness
-        for task in [t for t in self._held.values() if not t.is_eval and t.version < floor]:
-            self._drop(task, "stale")
+        store = self._store
+        if floor <= store.oldest_held:
+            return
+        for task in store.stale_below(floor):
+            store.drop(task, "stale")
             logger.info("Task %d: dropped, its oldest token (version %d) is older than %d.", task.task_id, task.version, floor)
             if task.owner is self._common:
-                self._forget(task)
+                store.forget(task)
 
     def _take(self, task: Task) -> Result | None:
         """Hand ``task``'s result to the caller: it leaves the executor (no checkpoint)."""
-        self._tasks.pop(task.task_id, None)
-        task.owner.finished.pop(task.task_id, None)
-        if not task.deliverable:
-            self._resultless.add(task.task_id)
-            return None
-        self._buffered -= 1
-        if task.owner is self._common:
-            self._pool_buffered -= 1
-        del self._held[task.task_id]
-        self._accepted += 1
-        result, task.result = task.result, None
-        if self._observers:
+        result = self._store.take(task)
+        if result is not None and self._observers:
             version = self.get_version()
             lag = max(0, version - task.version)
             now = trio.current_time()
             emit(self._on_consumed, "task_consumed", task.task_id, version=version, lag=lag, time=now)
         return result
 
-    def _hand_on(self, task: Task) -> None:
-        """A finished task of an abandoned batch call: training results go to the common pool
-        (for ``wait``), evaluation results are dropped (they are never training data)."""
-        task.owner.finished.pop(task.task_id, None)
-        if task.deliverable and task.is_eval:
-            self._drop(task, "abandoned")  # still the batch's: it never counted in the pool
-        task.owner = self._common
-        if not task.deliverable:
-            self._forget(task)
-        else:
-            self._pool_buffered += 1  # from now on it waits for wait(), like a submit's
-            self._common.finished[task.task_id] = task
-
     def _abandon(self, owner: Owner, tasks: list[Task]) -> None:
         """A rollout_batch call ended early (cancelled, or the executor stopped): its unfinished
         tasks are cancelled, its finished ones handed on. Nothing was taken, so nothing is undone."""
         owner.abandoned = True
         for task in list(owner.finished.values()):
-            self._hand_on(task)
+            self._store.hand_on(task)
         if self._failure is None and not self._closed:
             for task in tasks:
                 self._cancel(task.task_id)  # a queued one concludes (and is handed on) at once
@@ -719,299 +649,12 @@ class RolloutExecutor:
         if self._closed:
             return
         self._closed = True
-        for queue in (self._pending, self._pending_eval):
-            while queue:
-                task = queue[0]
-                self._unqueue(task)
-                self._conclude(task, "cancelled", "closed", None)
+        for task in self._admission.drain():
+            self._conclude(task, "cancelled", "closed", None)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         self._notify()
 
-    # -- consuming -------------------------------------------------------------------------
-
-    def _order_key(self) -> Callable[[Task], int]:
-        if self.config.deterministic_sampling:
-            return lambda t: t.task_id
-        return lambda t: t.seq
-
-    def _budget_left(self) -> int:
-        return self.staleness.get_capacity(include_concurrency=False)
-
-    def _budget_text(self) -> str:
-        st = self.staleness.get_stats()
-        return (
-            f"(max_head_offpolicyness {self.staleness.max_staleness} + version {self.get_version()} + 1) "
-            f"* consumer_batch_size {self.staleness.consumer_batch_size} - accepted {st.accepted} - running {st.running}"
-        )
-
-    async def wait(self, count: int, timeout: float | None = None, *, raise_timeout: bool = True) -> list[Result]:
-        """Wait for ``count`` accepted trajectories of submitted tasks and take them
-        (oldest-started first; task-id order with ``deterministic_sampling``).
-
-        Raises:
-            ValueError: ``count`` below 1 or above ``queue_size`` (it could never fill).
-            TimeoutError: ``timeout`` seconds passed first (``raise_timeout=False``:
-                returns ``[]``; nothing is taken).
-            ExecutorFailed: the executor stopped.
-        """
-        self._check()
-        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-            raise ValueError(f"count must be positive, got {count!r}")
-        if count > self.queue_size:
-            raise ValueError(f"count must be <= queue_size ({self.queue_size}), got {count}")
-        ready: list[Task] = []
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            while True:
-                self._sweep_stale()
-                ready = [t for t in self._common.finished.values() if t.deliverable]
-                if len(ready) >= count:
-                    break
-                await self._park()
-        if len(ready) < count:  # timed out: nothing taken
-            if raise_timeout:
-                raise TimeoutError(f"Timed out waiting for {count} results, only received {len(ready)}")
-            return []
-        out = [self._take(t) for t in heapq.nsmallest(count, ready, key=self._order_key())]
-        self._notify()
-        return [r for r in out if r is not None]
-
-    async def wait_for_task(
-        self, task_id: int, timeout: float | None = None, *, raise_timeout: bool = True
-    ) -> Result | None:
-        """Wait for one submitted task and take its result (None when it was rejected,
-        failed, cancelled or dropped as stale).
-
-        Raises:
-            ValueError: the id was never submitted, its result was already taken, or it
-                belongs to a ``rollout_batch`` / ``prepare_batch`` call.
-            TimeoutError: ``timeout`` passed (``raise_timeout=False``: returns None).
-        """
-        self._check()
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            while True:
-                self._sweep_stale()
-                task = self._tasks.get(task_id)
-                if task is None:
-                    if task_id in self._resultless:
-                        return None
-                    if task_id in self._seen:
-                        raise ValueError(f"Task {task_id}: its result was already taken.")
-                    raise ValueError(f"Task {task_id} is never submitted.")
-                if task.owner is not self._common:
-                    raise ValueError(f"Task {task_id} belongs to a rollout_batch or prepare_batch call that will take it")
-                if task.status is not None:
-                    result = self._take(task)
-                    self._notify()
-                    return result
-                await self._park()
-        if raise_timeout:
-            raise TimeoutError(f"Timed out waiting for task {task_id}.")
-        return None
-
-    def _progress(self, total: int | None, progress: bool | None, unit: str) -> Any:
-        show = sys.stderr.isatty() if progress is None else progress
-        if not show:
-            return nullcontext(None)
-        from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
-
-        return tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
-
-    async def rollout_batch(
-        self,
-        data_list: Iterable[Any],
-        workflow: Any,
-        workflow_kwargs: Mapping[str, Any] | None = None,
-        *,
-        group_size: int = 1,
-        is_eval: bool = False,
-        should_accept_fn: AcceptFn | None = None,
-        callback: Callback | None = None,
-        progress: bool | None = None,
-        **group_options: Any,
-    ) -> list[Result]:
-        """Run every item once and return the accepted trajectories in input order.
-
-        Waits for its own tasks only. ``callback`` is called with each task's
-        :class:`TaskOutcome`; ``progress``: a tqdm bar (default: when stderr is a terminal).
-        Evaluation batches (``is_eval=True``) are not limited by the staleness budget.
-        Cancelled part-way, its unfinished tasks are cancelled and its accepted training
-        trajectories wait for :meth:`wait`; evaluation ones are dropped (``discarded``).
-
-        Raises:
-            ValueError: a training batch larger than the staleness budget can ever start
-                before the next version bump (the numbers are named).
-        """
-        self._check()
-        self._check_callables(should_accept_fn, callback)
-        wf = self._resolve(workflow, workflow_kwargs, group_size, group_options)
-        if isinstance(data_list, (list, tuple, range)):
-            items = list(data_list)
-        else:  # read whole before anything is queued: an iterable that raises queues nothing
-            items = await trio.to_thread.run_sync(list, data_list)
-            self._check()
-        if not is_eval and len(items) > self._budget_left():
-            raise ValueError(
-                f"rollout_batch: {len(items)} training tasks can never all start before the next version bump: "
-                f"the staleness budget allows {self._budget_left()} = {self._budget_text()}; "
-                "pass is_eval=True for evaluation, raise max_head_offpolicyness or consumer_batch_size, "
-                "or split the batch"
-            )
-        owner = Owner("batch")
-        tasks = [
-            self._enqueue(item, wf, owner, is_eval=is_eval, should_accept_fn=should_accept_fn, callback=callback)
-            for item in items
-        ]
-        try:
-            with self._progress(len(tasks), progress, "task") as bar:
-                while owner.unfinished:
-                    if bar is not None:
-                        bar.update(len(owner.finished) - bar.n)
-                    await self._park()
-            self._sweep_stale()
-        except BaseException:
-            self._abandon(owner, tasks)
-            raise
-        results = [self._take(t) for t in tasks]  # one synchronous step: the call takes all its results
-        self._notify()
-        return [r for r in results if r is not None]
-
-    async def prepare_batch(
-        self,
-        source: Iterable[Any] | AsyncIterable[Any],
-        workflow: Any,
-        workflow_kwargs: Mapping[str, Any] | None = None,
-        *,
-        batch_size: int | None = None,
-        should_accept_fn: AcceptFn | None = None,
-        dynamic_bs: bool = False,
-        cycle: bool = True,
-        callback: Callback | None = None,
-        group_size: int = 1,
-        progress: bool | None = None,
-        **group_options: Any,
-    ) -> list[Result]:
-        """The next training batch, keeping the pipeline full across calls.
-
-        ``source`` (a sync or async iterable of items, or a data loader whose ``batch_size``
-        attribute says each element is a batch) is cycled forever; a sync source is read in
-        a worker thread. At most ``(max_head_offpolicyness + 1) * consumer_batch_size`` (or
-        ``batch_size`` if larger) of its items are outstanding: queued, running, or
-        accepted and untaken. Returns ``batch_size`` accepted trajectories, or with
-        ``dynamic_bs`` the accepted ones among the next ``batch_size`` finished tasks. With
-        ``cycle=False`` the source is read once: when it is used up and its tasks are all
-        taken, the batch is returned as it is (possibly short, possibly empty). ``callback``
-        gets every task's :class:`TaskOutcome` (the first call's ``should_accept_fn``,
-        ``cycle`` and ``callback`` stay in force). Results a call does not take wait for the
-        next ``prepare_batch`` (``wait`` does not take them).
-
-        Order: results go out oldest-started first. Under ``use_seed`` (or the config's
-        ``seed``) or with ``deterministic_sampling`` they go out in the source's order
-        instead, waiting for the oldest unfinished task: every run then gets the same
-        batches, whatever the scheduling, at the cost of that wait.
-
-        Raises:
-            ValueError: another source or workflow than the first call's; a batch larger
-                than ``queue_size``; a batch the staleness budget can never fill before the
-                next version bump (the numbers are named); a source whose full pass yields
-                nothing.
-        """
-        self._check()
-        if self._feed is None:
-            self._check_callables(should_accept_fn, callback)
-            wf = self._resolve(workflow, workflow_kwargs, group_size, group_options)
-            self._feed = _PrepareFeed(Feed(source, cycle=cycle), workflow, wf, should_accept_fn, callback)
-        elif not same_source(self._feed.items.source, source) or self._feed.workflow_arg is not workflow:
-            raise ValueError(
-                "prepare_batch: called with another data source or workflow than the first call; "
-                "one executor cycles one source (use submit / rollout_batch for others)"
-            )
-        feed = self._feed
-        if batch_size is None:
-            batch_size = getattr(source, "batch_size", None)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"prepare_batch: batch_size must be an integer >= 1 (or the source's batch_size), got {batch_size!r}")
-        if self.queue_size < batch_size:
-            raise ValueError(f"Inference engine config's queue size is too small: {self.queue_size} < batch size {batch_size}.")
-        self._sweep_stale()
-        in_hand = len(feed.owner.finished) + sum(1 for t in feed.tasks if t in self._running)
-        if in_hand + self._budget_left() < batch_size:
-            raise ValueError(
-                f"prepare_batch: batch_size {batch_size} can never be filled before the next version bump: "
-                f"{in_hand} results are finished or running and the staleness budget allows "
-                f"{max(0, self._budget_left())} more = {self._budget_text()}; bump the version (set_version) after "
-                "each batch, use batch_size <= (max_head_offpolicyness + 1) * consumer_batch_size, or raise them"
-            )
-        strict = self.config.deterministic_sampling or self._seed() is not None
-        with self._progress(batch_size, progress, "traj") as bar:
-            while True:
-                await self._top_up(feed, batch_size)
-                self._sweep_stale()
-                chosen = feed.choose(batch_size, dynamic_bs, strict, self._order_key())
-                if chosen is not None:
-                    break
-                if bar is not None:
-                    bar.update(min(batch_size, sum(t.deliverable for t in feed.owner.finished.values())) - bar.n)
-                await self._park()
-        for task in chosen:  # one synchronous step: the batch leaves the store
-            feed.tasks.remove(task)
-        results = [self._take(t) for t in chosen]
-        self._notify()
-        return [r for r in results if r is not None]
-
-    async def _top_up(self, feed: _PrepareFeed, batch_size: int) -> None:
-        """Queue source items while fewer than the pending limit are outstanding (queued,
-        running, or accepted and untaken): a trainer that stops asking stops the reading."""
-        limit = self.staleness.get_pending_limit()
-        while True:
-            outstanding = sum(1 for t in feed.tasks if t.status is None or t.deliverable)
-            queued = len(self._pending) + len(self._pending_eval)
-            if outstanding >= max(limit, batch_size) or queued + batch_size >= self.queue_size or feed.items.exhausted:
-                return
-            item = await feed.items.next_item()
-            self._check()
-            if item is END:
-                return
-            task = self._enqueue(
-                item, feed.workflow, feed.owner, is_eval=False, should_accept_fn=feed.should_accept_fn,
-                callback=feed.callback,
-            )  # fmt: skip
-            feed.tasks.append(task)
-
-
-class _PrepareFeed:
-    """``prepare_batch``'s source, workflow and the untaken tasks made from it (submission order)."""
-
-    def __init__(
-        self, items: Feed, workflow_arg: Any, workflow: RolloutWorkflow, should_accept_fn: AcceptFn | None,
-        callback: Callback | None,
-    ) -> None:  # fmt: skip
-        self.items = items
-        self.workflow_arg = workflow_arg
-        self.workflow = workflow
-        self.should_accept_fn = should_accept_fn
-        self.callback = callback
-        self.owner = Owner("feed")
-        self.tasks: list[Task] = []
-
-    def choose(self, batch_size: int, dynamic_bs: bool, strict: bool, key: Callable[[Task], int]) -> list[Task] | None:
-        """The tasks the next batch takes (accepted and result-less alike), or None if not ready."""
-        if strict:
-            candidates = self.tasks  # submission order; stop at the oldest unfinished task
-        else:
-            candidates = sorted(self.owner.finished.values(), key=key)
-        chosen: list[Task] = []
-        kept = 0
-        for task in candidates:
-            if task.status is None:
-                break
-            chosen.append(task)
-            kept += task.deliverable
-            if (len(chosen) if dynamic_bs else kept) >= batch_size:
-                return chosen
-        if self.items.exhausted and not self.owner.unfinished:
-            return list(self.tasks)  # a read-once source is used up: what is left
-        return None
 def _make_dumper(config: RolloutConfig, tokenizer: Any, dumper: Any) -> Any:
     if dumper is not None or not config.dump_to_file:
         return dumper

@@ -10,12 +10,15 @@ next call finds the items there.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 import trio
 
-__all__ = ["END", "Feed", "same_source"]
+from .._workflow import RolloutWorkflow
+from ._store import AcceptFn, Callback, Owner, Task
+
+__all__ = ["END", "Feed", "PrepareFeed", "same_source"]
 
 END = object()  # a source read once (cycle=False) has no more items
 
@@ -68,6 +71,16 @@ class Feed:
                 await trio.to_thread.run_sync(self._read_sync, limiter=self._limiter)
         return self._items.popleft()
 
+    def next_nowait(self) -> Any:
+        """For an in-memory source (which cannot block): the next item at once, or
+        :data:`END` when a read-once source is used up."""
+        assert self.in_memory
+        while not self._items:
+            if self.exhausted:
+                return END
+            self._read_sync()
+        return self._items.popleft()
+
     def _end_of_pass(self) -> None:
         """Called (in the reading thread for sync sources) when a pass ends."""
         self._it = None
@@ -113,3 +126,38 @@ class Feed:
             self._end_of_pass()
             return
         self._keep(element)
+
+
+class PrepareFeed:
+    """``prepare_batch``'s source, workflow and the untaken tasks made from it (submission order)."""
+
+    def __init__(
+        self, items: Feed, workflow_arg: Any, workflow: RolloutWorkflow, should_accept_fn: AcceptFn | None,
+        callback: Callback | None,
+    ) -> None:  # fmt: skip
+        self.items = items
+        self.workflow_arg = workflow_arg
+        self.workflow = workflow
+        self.should_accept_fn = should_accept_fn
+        self.callback = callback
+        self.owner = Owner("feed")
+        self.tasks: list[Task] = []
+
+    def choose(self, batch_size: int, dynamic_bs: bool, strict: bool, key: Callable[[Task], int]) -> list[Task] | None:
+        """The tasks the next batch takes (accepted and result-less alike), or None if not ready."""
+        if strict:
+            candidates = self.tasks  # submission order; stop at the oldest unfinished task
+        else:
+            candidates = sorted(self.owner.finished.values(), key=key)
+        chosen: list[Task] = []
+        kept = 0
+        for task in candidates:
+            if task.status is None:
+                break
+            chosen.append(task)
+            kept += task.deliverable
+            if (len(chosen) if dynamic_bs else kept) >= batch_size:
+                return chosen
+        if self.items.exhausted and not self.owner.unfinished:
+            return list(self.tasks)  # a read-once source is used up: what is left
+        return None

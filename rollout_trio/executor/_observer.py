@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._trajectory import Trajectory
 
-__all__ = ["ExecutorObserver", "Status", "bind", "emit", "oldest_version"]
+__all__ = ["ExecutorObserver", "Status", "bind", "bind_optional", "emit", "oldest_version"]
 
 logger = logging.getLogger("rollout_trio.executor")
 
@@ -42,6 +42,12 @@ class ExecutorObserver(Protocol):
         """A trainer call took its result at engine ``version``; ``lag`` is how many
         versions its oldest token is behind (0 when it carries no versions)."""
 
+    # Optional (an observer without them is not called): a consumer call ``call``
+    # ("wait", "rollout_batch", ...) has waited ``waited`` seconds without progress, on
+    # ``waiting_on`` (in words); then it progressed or ended.
+    #   def call_stalled(self, call: str, waiting_on: str, waited: float) -> None
+    #   def call_unstalled(self, call: str) -> None
+
 
 def bind(observers: Sequence[ExecutorObserver], method: str) -> tuple[tuple[Callable[..., None], ExecutorObserver], ...]:
     """``(observer.method, observer)`` for each observer, the method looked up once.
@@ -53,6 +59,16 @@ def bind(observers: Sequence[ExecutorObserver], method: str) -> tuple[tuple[Call
         (getattr(observer, method, None) or functools.partial(_late_lookup, observer, method), observer)
         for observer in observers
     )
+
+
+def bind_optional(observers: Sequence[ExecutorObserver], method: str) -> Callable[..., None]:
+    """One function calling ``method`` on each observer that has it (an optional event)."""
+    bound = tuple((m, o) for o in observers if (m := getattr(o, method, None)) is not None)
+
+    def call(*args: Any, **kwargs: Any) -> None:
+        emit(bound, method, *args, **kwargs)
+
+    return call
 
 
 def emit(bound: Sequence[tuple[Callable[..., None], ExecutorObserver]], method: str, *args: Any, **kwargs: Any) -> None:
