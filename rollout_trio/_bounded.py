@@ -15,6 +15,10 @@ probes, a router's ``/workers``, ``rollout-trio top``'s scrape, a fleet's worker
   bytes up to a limit and decode them with :func:`decode_content`: for clients that use
   httpx's own transports (the standard library decoders there inflate whole).
 
+* :func:`read_text_file` reads a local file a user named (a config): a regular file only
+  (a FIFO, a device like ``/dev/zero`` or a directory is refused at once, never read), at
+  most a size, strict UTF-8.
+
 Errors: :class:`BodyTooLarge` (the raw or the decoded body passed the limit; the message
 names the limit) and :class:`BadContent` (a coding that is unknown or corrupt). Both are
 ``ValueError`` subclasses so callers map them to their module's typed error.
@@ -22,6 +26,8 @@ names the limit) and :class:`BadContent` (a coding that is unknown or corrupt). 
 
 from __future__ import annotations
 
+import os
+import stat
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Protocol
@@ -37,6 +43,7 @@ __all__ = [
     "decode_content",
     "loads_json",
     "read_response",
+    "read_text_file",
 ]
 
 #: The deepest JSON nesting :func:`loads_json` reads: orjson's own limit.
@@ -325,3 +332,45 @@ async def aread_response(response: Any, limit: int, *, what: str = "body") -> by
     async for piece in raw:
         inflater.feed(piece)
     return inflater.finish()
+
+
+#: The largest configuration file :func:`read_text_file` reads by default.
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
+def read_text_file(path: str | os.PathLike[str], max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """The text of the regular file at ``path``, at most ``max_bytes`` bytes of UTF-8.
+
+    Opened without blocking (a FIFO with no writer would otherwise wait forever) and
+    checked to be a regular file before a byte is read.
+
+    Raises:
+        OSError: the file cannot be opened (missing, no permission).
+        ValueError: not a regular file, over ``max_bytes``, or not UTF-8; naming the file
+            and the rule.
+    """
+    name = os.fspath(path)
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a directory" if stat.S_ISDIR(info.st_mode) else "a device or socket"
+            raise ValueError(f"{name!r}: must be a regular file, got {kind}")
+        if info.st_size > max_bytes:
+            raise ValueError(f"{name!r}: {info.st_size} bytes is over the limit of {max_bytes} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            piece = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not piece:
+                break
+            chunks.append(piece)
+            size += len(piece)
+            if size > max_bytes:  # it grew while read
+                raise ValueError(f"{name!r}: over the limit of {max_bytes} bytes")
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name!r}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
