@@ -284,7 +284,7 @@ class HttpSession:
             content = encode_json(call.json)
             data = b"%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (head, len(content), content)
         answer = await transport.exchange(origin, data, self._extensions["timeout"])
-        content = answer.decoded(None)  # bounded after decompression
+        content = await answer.adecoded(None)  # bounded after decompression, off the loop when large
         if answer.status < 400:
             return answer.status, content
         response = httpx.Response(answer.status, headers=answer.plain_headers(), stream=httpx.ByteStream(content))

@@ -224,6 +224,13 @@ class _Response:
         except BadContent as exc:
             raise ResponseDecodingError(str(exc), request=request) from None
 
+    async def adecoded(self, request: httpx.Request | None) -> bytes:
+        """:meth:`decoded`, in a worker thread when the body is encoded and over 64 KiB
+        (inflating up to the limit takes tens of milliseconds: other requests go on)."""
+        if not self.encoded or self.size <= 64 * 1024:
+            return self.decoded(request)
+        return await trio.to_thread.run_sync(self.decoded, request)
+
     def plain_headers(self) -> list[tuple[bytes, bytes]]:
         """The headers without ``Content-Encoding`` (what describes :meth:`decoded`)."""
         if not self.encoded:
@@ -364,7 +371,7 @@ class TrioTransport(httpx.AsyncBaseTransport):
             body = await request.aread()
         timeouts = request.extensions.get("timeout") or {}
         answer = await self.exchange(key, _frame(request, body), timeouts, head=request.method == "HEAD", request=request)
-        content = answer.decoded(request)  # bounded: never httpx's whole-body inflate
+        content = await answer.adecoded(request)  # bounded: never httpx's whole-body inflate
         response = httpx.Response(
             answer.status,
             headers=answer.plain_headers(),
