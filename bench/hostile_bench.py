@@ -1,5 +1,6 @@
 """A healthy client's latency while hostile clients attack `rollout-trio serve` (issue 18),
-and an honest reward's latency while hostile rewards share its pool (issue 34 item 1).
+an honest reward's latency while hostile rewards share its pool (issue 34 item 1), and a
+bystander's latency while the same process's RemoteEngine faces hostile servers (items 2, 6).
 
 Starts `python -m rollout_trio serve` on loopback, measures a healthy client's
 ``GET /health`` latency idle, then under each attack running in a thread; prints the
@@ -8,7 +9,10 @@ Then (``--rewards``) a process ``RewardFunction`` with two workers: honest calls
 idle, then while the other worker runs each hostile behaviour of ``tests/hostile_rewards.py``
 in a loop, with the longest hostile call against its timeout.
 
-    python -m bench.hostile_bench [--requests 100] [--quick] [--only serve|rewards]
+Serve attacks from issue 34 item 5: websocket upgrades, unsampleable rows (every id a stop
+id plus min_new_tokens), clients that connect and leave, a client that never reads.
+
+    python -m bench.hostile_bench [--requests 100] [--quick] [--only serve|rewards|peers]
 """
 
 from __future__ import annotations
@@ -61,7 +65,39 @@ def attacks(port: int) -> dict[str, Callable[[], None]]:
         "40 KB head": lambda: _send(port, b"GET /health HTTP/1.1\r\nhost: x\r\nx: " + b"a" * 40_000 + b"\r\n\r\n", half_close=False),
         "1 MiB rid": lambda: _send(port, _body(b"/generate", json.dumps({"input_ids": [1], "rid": "r" * 1024 * 1024}).encode()), half_close=False),
         "top_p 1e-300": lambda: _send(port, _body(b"/generate", b'{"input_ids":[1,2],"sampling_params":{"max_new_tokens":4,"top_p":1e-300}}'), half_close=False),
+        # issue 34 item 5
+        "websocket upgrade": lambda: _send(port, b"GET /generate HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                                                 b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n", half_close=False),
+        "unsampleable row": lambda: _send(port, _body(b"/generate", json.dumps({"input_ids": [1, 2], "sampling_params": {
+            "max_new_tokens": 4, "min_new_tokens": 2, "stop_token_ids": list(range(VOCAB))}}).encode()), half_close=False),
+        "50 connect-and-leave": lambda: _connect_and_leave(port, 50),
+        "never-reading client": lambda: _never_read(port),
     }
+
+
+VOCAB = 512  # more than the tiny model's vocabulary: every id a stop id
+
+
+def _connect_and_leave(port: int, n: int) -> None:
+    socks = []
+    try:
+        for _ in range(n):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+    except OSError:
+        pass
+    for s in socks:
+        s.close()
+
+
+def _never_read(port: int) -> None:
+    """Pipelines 200 /metrics requests and reads nothing for 2 s (the answers pile up)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n" * 200)
+            time.sleep(2.0)
+    except OSError:
+        pass
 
 
 def measure(url: str, n: int) -> list[float]:
@@ -142,17 +178,107 @@ def reward_bench(requests: int, timeout: float) -> None:
     trio.run(run)
 
 
+def peers_bench(requests: int) -> None:
+    """RemoteEngine facing hostile servers (issue 34 items 2, 6): a bystander's generate
+    latency on an honest server while the same engine calls a hostile one, as a ratio to
+    idle, with the hostile call's time and the peak memory traced in the process."""
+    import gzip
+    import tracemalloc
+
+    import trio
+
+    from rollout_trio import EngineError, GenerationConfig, ModelRequest
+    from rollout_trio.engines import RemoteEngine, TrioTransport
+    from rollout_trio.engines._remote_http import RetryPolicy
+
+    sys.path.insert(0, ROOT)
+    from tests.conftest_remote import FakeServer, Raw, default_reply, sglang_body
+
+    bomb_body = gzip.compress(b'{"a": 1' + b" " * (1 << 30) + b"}", compresslevel=1)  # ~1 MiB, 1 GiB inflated
+    hostile: dict[str, object] = {
+        "gzip bomb (1 GiB) on /generate": Raw(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s" % (len(bomb_body), bomb_body)),
+        "JSON nested 100k deep": (200, b"[" * 100_000 + b"]" * 100_000),
+        "invalid UTF-8 answer": (200, b'{"text": "\xff"}'),
+    }
+    req = ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=4))
+
+    async def honest(method: str, path: str, body: object) -> object:
+        if path == "/generate":
+            return 200, sglang_body([7, 8, 9, 10])
+        return await default_reply(method, path, body)
+
+    async def run() -> None:
+        print(f"{'hostile server answer':<34} {'bystander p99 ms':>17} {'p99 / idle':>11} {'hostile call s':>15} {'peak MiB':>9} outcome")
+        async with trio.open_nursery() as nursery:
+            good = FakeServer(honest)
+            await nursery.start(good.run)
+            reply: list[object] = [None]
+
+            async def bad_script(method: str, path: str, body: object) -> object:
+                if path == "/generate":
+                    return reply[0]
+                return await default_reply(method, path, body)
+
+            bad = FakeServer(bad_script)
+            await nursery.start(bad.run)
+            kw = dict(seed=0, setup_timeout=10, retry=RetryPolicy(attempts=1), health_interval=3600)
+            async with RemoteEngine([good.address], "sglang", transport=TrioTransport(), **kw) as g_eng, \
+                    RemoteEngine([bad.address], "sglang", transport=TrioTransport(), **kw) as b_eng:  # fmt: skip
+
+                async def bystander(n: int) -> list[float]:
+                    out = []
+                    for _ in range(n):
+                        t0 = time.perf_counter()
+                        await g_eng.agenerate(req)
+                        out.append(time.perf_counter() - t0)
+                    return out
+
+                base = p99(await bystander(requests))
+                print(f"{'idle':<34} {base * 1e3:>17.2f} {1.0:>11.2f}")
+                for name, answer in hostile.items():
+                    reply[0] = answer
+                    done = trio.Event()
+                    result: dict[str, object] = {}
+
+                    async def attack() -> None:
+                        tracemalloc.start()
+                        t0 = time.perf_counter()
+                        try:
+                            await b_eng.agenerate(req)
+                            result["outcome"] = "accepted!"
+                        except EngineError as exc:
+                            result["outcome"] = type(exc).__name__
+                        except Exception as exc:  # noqa: BLE001 - an untyped error is what this reports
+                            result["outcome"] = f"UNTYPED {type(exc).__name__}"
+                        result["time"] = time.perf_counter() - t0
+                        result["peak"] = tracemalloc.get_traced_memory()[1] / 2**20
+                        tracemalloc.stop()
+                        done.set()
+
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(attack)
+                        under = await bystander(requests)
+                        await done.wait()
+                    print(f"{name:<34} {p99(under) * 1e3:>17.2f} {p99(under) / base:>11.2f} {result['time']:>15.2f} "
+                          f"{result['peak']:>9.1f} {result['outcome']}")  # fmt: skip
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="healthy requests per case")
     parser.add_argument("--quick", action="store_true", help="20 requests per case, a 2 s reward timeout")
-    parser.add_argument("--only", choices=["serve", "rewards"], help="run one half")
+    parser.add_argument("--only", choices=["serve", "rewards", "peers"], help="run one part")
     args = parser.parse_args()
     if args.quick:
         args.requests = min(args.requests, 20)
-    if args.only != "serve":
+    if args.only in (None, "peers"):
+        peers_bench(args.requests)
+    if args.only in (None, "rewards"):
         reward_bench(args.requests, 2.0 if args.quick else 5.0)
-    if args.only == "rewards":
+    if args.only in ("rewards", "peers"):
         return
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     proc = subprocess.Popen(

@@ -50,6 +50,13 @@ class ServerLimits:
             as the open-file limit (``RLIMIT_NOFILE``) leaves after :data:`RESERVED_FILES`.
             Beyond the open-file limit a new connection is answered 503 and closed.
         max_header_bytes: the largest request head, request line included (431 beyond).
+        connection_cap: the most connections open at once (None: as many as the open-file
+            limit allows); a connection beyond it is answered 503 and closed at once. For
+            servers beside a training run (the metrics server), so clients cannot take the
+            descriptors the run needs.
+        send_timeout: seconds one write of an answer may wait for the client to read
+            (None: forever); a client that does not read within it is disconnected and its
+            buffers freed.
         backlog: pending connections the listening socket queues.
     """
 
@@ -60,6 +67,8 @@ class ServerLimits:
     max_connections: int | None = attrs.field(default=None, validator=_optional_positive("None or max_connections > 0"))
     max_header_bytes: int = attrs.field(default=16 * 1024, validator=_positive("max_header_bytes > 0"))
     backlog: int = attrs.field(default=1024, validator=_positive("backlog > 0"))
+    connection_cap: int | None = attrs.field(default=None, validator=_optional_positive("None or connection_cap > 0"))
+    send_timeout: float | None = attrs.field(default=60.0, validator=_optional_positive("None or send_timeout > 0"))
 
 
 def connection_capacity(open_files: int) -> int:

@@ -42,6 +42,11 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
     b"content-length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
+_CAP_BODY = b'{"error":{"message":"too many open connections: the server\'s connection_cap is reached","code":503}}'
+_AT_CAP = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_CAP_BODY), _CAP_BODY)
+)
 _RESERVE = 2  # descriptors the guard keeps: one for the refused connection, one to probe
 _GUARD_POLL = 0.05  # seconds the guard lets Hypercorn take a pending connection first
 
@@ -71,17 +76,54 @@ def hypercorn_config(limits: ServerLimits, sockets: list[socket.socket], *, grac
     config.errorlog = log
     config.accesslog = None  # access lines come from _logged_requests (see the module doc)
     config.include_server_header = False
+    config.rollout_trio_send_timeout = limits.send_timeout  # type: ignore[attr-defined]  # read by _serialize_sends
+    config.rollout_trio_cap = None if limits.connection_cap is None else _Cap(limits.connection_cap)  # type: ignore[attr-defined]
     return config
 
 
+class _Cap:
+    """Connections open on one server, against its ``ServerLimits.connection_cap``."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+
+def release_cap(server: Any) -> None:
+    """Give back a Hypercorn ``TCPServer``'s slot under its cap, once (when its stream
+    closes: its task may linger until the keep-alive timer ends, holding no descriptor)."""
+    if getattr(server, "_rollout_trio_counted", False):
+        server._rollout_trio_counted = False
+        server.config.rollout_trio_cap.open -= 1
+
+
+async def _refuse_at_cap(stream: Any) -> None:
+    """Answer 503 on a connection over the cap and close it (within a second)."""
+    with trio.move_on_after(1.0):
+        try:
+            await stream.send_all(_AT_CAP)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass
+    with trio.CancelScope(shield=True):
+        await stream.aclose()
+
+
 def _logged_requests(app: Any) -> Any:
-    """``app`` writing one access line per HTTP request once it is over.
+    """``app`` writing one access line per HTTP request once it is over; a websocket
+    upgrade is refused with 403 before it reaches ``app`` (Hypercorn would answer the
+    app's error with a 500).
 
     The status is the one the app sent; 500 if the app raised (Hypercorn then answers
     500), 499 if it sent none (the client left first).
     """
 
     async def logged(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":  # no app of ours speaks it: refused before the handshake (403)
+            await send({"type": "websocket.close", "code": 1008})
+            access_log.info("%s %s 403 (websocket upgrade refused)", "GET", ascii(scope.get("path", "")))
+            return
         if scope["type"] != "http" or not access_log.isEnabledFor(logging.INFO):
             await app(scope, receive, send)
             return
@@ -228,14 +270,107 @@ def _contain_connection_failures() -> None:
     original = TCPServer.run
 
     async def run(self: Any) -> None:
+        cap: _Cap | None = getattr(self.config, "rollout_trio_cap", None)
+        if cap is not None:
+            if cap.open >= cap.limit:
+                log.warning("refused a connection: %d open, the connection_cap", cap.open)
+                await _refuse_at_cap(self.stream)
+                return
+            cap.open += 1
+            self._rollout_trio_counted = True
         try:
             await original(self)
         except Exception as exc:  # an ExceptionGroup from the connection's task group too
             why = "; ".join(f"{type(e).__name__}: {e}" for e in exception_leaves(exc))
             log.warning("closed a connection after an error inside Hypercorn: %s", why)
+        finally:
+            release_cap(self)
 
     TCPServer.run = run  # type: ignore[method-assign]
     TCPServer._rollout_trio_contained = True  # type: ignore[attr-defined]
+
+
+def _serialize_sends() -> None:
+    """Make Hypercorn's Trio ``TCPServer`` write each connection from one task at a time,
+    and give up on a client that does not read within a send deadline.
+
+    Hypercorn 0.17-0.18 (``hypercorn/trio/tcp_server.py``) sends data under
+    ``self.send_lock`` but closes without it: ``_close`` calls ``stream.send_eof()``, and
+    Trio's ``SocketStream.send_eof`` holds the stream's send-conflict detector across a
+    checkpoint. A response (another task) that starts to send in that window raises
+    ``BusyResourceError: another task is currently sending data on this SocketStream``,
+    which ended the connection before its answer was out (seen under fleet load: an h2
+    ``GOAWAY`` or a client's half-close handled while streams still answer). Patched here:
+
+    - ``_close`` takes ``send_lock`` (unless the task closing is the one holding it)
+      before ``send_eof``, so the EOF follows the data already being sent; when the lock
+      does not come within the send deadline, the stream is closed without the EOF (the
+      blocked send then fails with ``ClosedResourceError``, which Hypercorn handles).
+    - ``protocol_send`` bounds each (shielded) ``send_all`` by the deadline
+      (``ServerLimits.send_timeout``): a client that stops reading is cut and its buffers
+      freed, instead of holding a task and the answer forever.
+    - ``_read_data``: when a client closes an idle keep-alive connection, the connection
+      ends at once; Hypercorn kept it (and its descriptor) until the keep-alive timer ran
+      out, so clients that connect and leave could hold every descriptor.
+    """
+    from hypercorn.events import Closed, RawData
+    from hypercorn.trio.tcp_server import TCPServer
+
+    if getattr(TCPServer, "_rollout_trio_serialized", False):
+        return
+
+    def deadline(self: Any) -> float:
+        timeout = getattr(self.config, "rollout_trio_send_timeout", None)
+        return math.inf if timeout is None else float(timeout)
+
+    async def _close(self: Any) -> None:
+        lock = self.send_lock
+        owner = lock.statistics().owner
+        with trio.CancelScope(shield=True):
+            try:
+                if owner is trio.lowlevel.current_task():
+                    await self.stream.send_eof()
+                else:
+                    with trio.move_on_after(deadline(self)):
+                        async with lock:
+                            await self.stream.send_eof()
+            except (trio.BrokenResourceError, AttributeError, trio.BusyResourceError, trio.ClosedResourceError):
+                pass  # already gone, or an SSL stream (no EOF)
+            await self.stream.aclose()
+        release_cap(self)
+
+    async def protocol_send(self: Any, event: Any) -> None:
+        if not isinstance(event, RawData):
+            await original_send(self, event)
+            return
+        cut = False
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(deadline(self)) as scope:
+                        await self.stream.send_all(event.data)
+                    cut = scope.cancelled_caught
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                cut = True
+        if cut:
+            if not getattr(self, "_rollout_trio_cut", False):
+                self._rollout_trio_cut = True
+                log.info("closed a connection whose client did not read its answer within the send deadline")
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            await self.protocol.handle(Closed())
+
+    async def _read_data(self: Any) -> None:
+        await original_read(self)
+        if self.idle_task._handle is not None:  # idle (no request in flight) and the client left:
+            await self.idle_task.stop()  # end now, not when the keep-alive timer runs out
+
+    original_send = TCPServer.protocol_send
+    original_read = TCPServer._read_data
+    TCPServer._read_data = _read_data  # type: ignore[method-assign]
+    TCPServer._close = _close  # type: ignore[method-assign]
+    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
+    TCPServer._rollout_trio_serialized = True  # type: ignore[attr-defined]
 
 
 async def serve_app(
@@ -262,6 +397,7 @@ async def serve_app(
     from hypercorn.trio import serve  # only servers need Hypercorn: import on use
 
     _contain_connection_failures()
+    _serialize_sends()
 
     ensure_capacity(limits, _open_files())
     sockets = _bind(host, port, limits.backlog)

@@ -256,7 +256,10 @@ def setup_logging(level: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """``text`` on one line, control sequences from data shown as escapes (never obeyed)."""
+    from .._terminal import terminal_safe
+
+    return terminal_safe(" ".join(text.split()), max_chars=None)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

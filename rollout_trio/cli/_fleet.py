@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -36,6 +35,7 @@ import attrs
 import httpx
 import trio
 
+from .._bounded import aread_response, loads_json
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -56,6 +56,8 @@ ROUTER_LOG_LEVELS = ("debug", "info", "warn", "error")
 #: ``serve`` options the fleet sets itself for every worker.
 _OWNED = ("--host", "--port", "--port-file", "--api-key", "--allow-unauthenticated")
 _LISTENING = re.compile(r"listening on (http://\S+)")
+#: The most a router's answer may hold, raw and decoded (rollout_trio._bounded).
+MAX_ANSWER_BYTES = 16 * 2**20
 
 
 class _FleetParser(Parser):
@@ -354,12 +356,13 @@ class Fleet:
         async with httpx.AsyncClient(timeout=5.0) as client:
             while True:
                 try:
-                    answer = (await client.get(router_url + "/workers")).json()
+                    async with client.stream("GET", router_url + "/workers") as response:
+                        answer = loads_json(await aread_response(response, MAX_ANSWER_BYTES, what="GET /workers"))
                     healthy = {w.get("url") for w in answer.get("workers", []) if w.get("is_healthy")}
                     self._last_report = f"{len(healthy & wanted)} of {len(wanted)} healthy"
                     if wanted <= healthy:
                         return
-                except (httpx.HTTPError, json.JSONDecodeError, AttributeError) as exc:
+                except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
                     self._last_report = f"last answer: {type(exc).__name__}: {exc}"
                 await trio.sleep(0.05)
 

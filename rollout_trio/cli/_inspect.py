@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .._limits import MAX_DUMP_LINE_BYTES as MAX_LINE_BYTES
+from .._terminal import terminal_safe
 from ._common import CommandError, Parser, load_tokenizer, positive_int, run_command, starting
 
 if TYPE_CHECKING:  # at run time the reader loads inside _inspect: `inspect --help` imports no torch
@@ -62,6 +63,7 @@ class VersionSummary:
     reward_std: float
     reward_hist: list[int]
     length_mean: float
+    nonfinite: int = 0  # rows whose reward is NaN or infinite (left out of mean, std and histogram)
 
 
 @attrs.frozen
@@ -77,6 +79,7 @@ class DumpSummary:
     length_bins: tuple[float, float]
     truncation_known: bool
     normalized: bool
+    nonfinite: int = 0
 
 
 def grid_bins(values: Sequence[float], bins: int | None = None, default: int = 10) -> tuple[float, float, int]:
@@ -99,12 +102,16 @@ def grid_bins(values: Sequence[float], bins: int | None = None, default: int = 1
 
 
 def summarize(records: Sequence[DumpRecord], *, bins: int | None = None) -> DumpSummary:
-    """Per-version counts, reward statistics and histograms (shared bins), and lengths."""
+    """Per-version counts, reward statistics and histograms (shared bins), and lengths.
+
+    A NaN or infinite reward (a dump is data from elsewhere) is counted in ``nonfinite``
+    and left out of the means, deviations, ranges and histograms.
+    """
     if not records:
         raise ValueError("records: the dump holds no records")
-    rewards = [r.raw_reward for r in records]
+    rewards = [x for x in (r.raw_reward for r in records) if math.isfinite(x)]
     lengths = [completion_tokens(r) for r in records]
-    lo_r, hi_r, bins_r = grid_bins(rewards, bins)
+    lo_r, hi_r, bins_r = grid_bins(rewards or [0.0], bins)
     lo_l, hi_l, bins_l = grid_bins(lengths, None, 20)
     reward_range = (lo_r, hi_r)
     lo_len, hi_len = min(lengths), max(lengths)
@@ -113,7 +120,7 @@ def summarize(records: Sequence[DumpRecord], *, bins: int | None = None) -> Dump
         by_key.setdefault((r.is_eval, r.version), []).append(r)
     versions = []
     for (is_eval, version), rows in sorted(by_key.items()):
-        values = [r.raw_reward for r in rows]
+        values = [r.raw_reward for r in rows if math.isfinite(r.raw_reward)]
         mean, std = _mean_std(values)
         versions.append(
             VersionSummary(
@@ -127,6 +134,7 @@ def summarize(records: Sequence[DumpRecord], *, bins: int | None = None) -> Dump
                 reward_std=std,
                 reward_hist=histogram(values, lo_r, hi_r, bins_r),
                 length_mean=math.fsum(completion_tokens(r) for r in rows) / len(rows),
+                nonfinite=len(rows) - len(values),
             )
         )
     return DumpSummary(
@@ -139,6 +147,7 @@ def summarize(records: Sequence[DumpRecord], *, bins: int | None = None) -> Dump
         length_bins=(lo_l, hi_l),
         truncation_known=any(r.is_truncated is not None for r in records),
         normalized=any(r.original_reward is not None for r in records),
+        nonfinite=len(records) - len(rewards),
     )
 
 
@@ -157,11 +166,13 @@ def _percentile(sorted_values: Sequence[int], q: float) -> int:
 
 def format_summary(summary: DumpSummary, records: Sequence[DumpRecord], source: str) -> str:
     """The terminal report."""
-    rewards = [r.raw_reward for r in records]
+    rewards = [x for x in (r.raw_reward for r in records) if math.isfinite(x)] or [math.nan]
     lo, hi, bins = min(rewards), max(rewards), len(summary.versions[0].reward_hist)
-    out = [f"{source}: {summary.rows} rows from {summary.tasks} tasks"]
+    out = [f"{terminal_safe(source)}: {summary.rows} rows from {summary.tasks} tasks"]
     if summary.normalized:
         out.append("rewards are raw (original_reward, before normalization)")
+    if summary.nonfinite:
+        out.append(f"{summary.nonfinite} rows have a NaN or infinite reward: counted, left out of the reward statistics")
     header = f"{'scope':<13}{'version':>7}{'tasks':>7}{'rows':>7}{'accepted':>9}{'rejected':>9}{'truncated':>10}{'reward':>9}{'std':>7}{'tokens':>8}  reward histogram ({bins} bins, {lo:.3g} .. {hi:.3g})"
     out += ["", header, "-" * len(header)]
     for v in summary.versions:

@@ -14,6 +14,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from ..executor import DumpRecord
 from ._inspect import DumpSummary, completion_tokens, histogram, number
 
@@ -110,6 +112,10 @@ def reward_over_versions(
     trend to draw: its mean is a point with a ±1 std whisker and its numbers as a label.
     """
     lo_r, hi_r = bounds if bounds is not None else (-math.inf, math.inf)
+    finite = [v for v in summary.versions if math.isfinite(v.reward_mean)]  # NaN/inf rewards are left out
+    if not finite:
+        return '<p class="note">no finite reward to draw</p>'
+    summary = attrs.evolve(summary, versions=finite)
 
     def clip(y: float) -> float:
         return min(max(y, lo_r), hi_r)
@@ -382,7 +388,7 @@ def render_page(
     accepted = sum(v.accepted for v in summary.versions)
     truncated = sum(v.truncated for v in summary.versions)
     lengths = sorted(completion_tokens(r) for r in records)
-    all_rewards = [r.raw_reward for r in records]
+    all_rewards = [x for x in (r.raw_reward for r in records) if math.isfinite(x)] or [math.nan]
     mean = math.fsum(all_rewards) / len(all_rewards)
     versions = sorted({r.version for r in records})
     cards = [

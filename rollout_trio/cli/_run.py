@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import sys
@@ -241,7 +242,7 @@ async def _run(args: argparse.Namespace) -> int:
 
             recorder = TraceRecorder()
             observers.append(recorder)
-            stack.callback(recorder.write, args.trace)  # written however the run ends
+            stack.callback(_write_trace, recorder, args.trace)  # written however the run ends
         with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
             engine = await trio.to_thread.run_sync(_build_engine, args)
             await trio.lowlevel.checkpoint()
@@ -319,3 +320,11 @@ def _main(args: argparse.Namespace) -> int:
 def run_main(argv: Sequence[str]) -> int:
     """Entry point of ``rollout-trio run``; returns the exit status."""
     return run_command("rollout-trio run", _parser(), argv, _main)
+
+
+def _write_trace(recorder: Any, path: str) -> None:
+    """Write the trace; an observer's failure (a full disk) is logged, never the run's."""
+    try:
+        recorder.write(path)
+    except Exception as exc:  # noqa: BLE001 - an observer never ends the run
+        logging.getLogger("rollout_trio.observe").warning("--trace %s: could not write the trace: %s", path, exc)

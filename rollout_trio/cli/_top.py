@@ -9,7 +9,7 @@ ADDRESS is what serves ``/metrics`` (``rollout-trio run --metrics-port``, an exe
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
 import sys
 import time
@@ -18,12 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._bounded import BadContent, BodyTooLarge, loads_json, read_response
+from .._limits import MAX_DUMP_LINE_BYTES
+from .._terminal import safe_tree
 from ._common import CommandError, Parser, positive_float, run_command
 
 __all__ = ["DumpSource", "HttpSource", "render", "top_main"]
 
 _SPARK = "▁▂▃▄▅▆▇█"
 _HISTORY = 60
+#: The largest /metrics answer read, raw and once decoded (a run's metrics are kilobytes).
+MAX_METRICS_BYTES = 16 * 2**20
 
 
 def _parser() -> Parser:
@@ -43,15 +48,22 @@ def _parser() -> Parser:
 
 
 class HttpSource:
-    """Scrapes ``{base}/metrics`` and parses it with prometheus-client's parser."""
+    """Scrapes ``{base}/metrics`` and parses it with prometheus-client's parser.
 
-    def __init__(self, address: str, api_key: str | None = None, timeout: float = 5.0) -> None:
+    The answer is untrusted: at most ``max_bytes`` are read, raw and once its
+    ``Content-Encoding`` is undone (:mod:`rollout_trio._bounded`), and it must be UTF-8.
+    """
+
+    def __init__(
+        self, address: str, api_key: str | None = None, timeout: float = 5.0, max_bytes: int = MAX_METRICS_BYTES
+    ) -> None:
         import httpx
 
         base = address if "://" in address else f"http://{address}"
         self.base = base.rstrip("/").removesuffix("/metrics")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
+        self.max_bytes = max_bytes
 
     def read(self) -> dict[str, Any]:
         import httpx
@@ -60,14 +72,18 @@ class HttpSource:
 
         url = f"{self.base}/metrics"
         try:
-            response = self._client.get(url)
+            with self._client.stream("GET", url) as response:
+                body = read_response(response, self.max_bytes, what=url)
         except httpx.HTTPError as exc:
             raise CommandError(f"{url}: cannot scrape: {type(exc).__name__}: {exc}") from exc
+        except (BodyTooLarge, BadContent) as exc:
+            raise CommandError(str(exc)) from None
+        text = body.decode("utf-8", "replace")
         if response.status_code != 200:
-            raise CommandError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+            raise CommandError(f"{url}: HTTP {response.status_code}: {text[:200]!r}")
         try:
-            return snapshot_from_text(response.text, self.base)
-        except ValueError as exc:
+            return snapshot_from_text(text, self.base)
+        except (ValueError, OverflowError, TypeError) as exc:
             raise CommandError(f"{url}: not Prometheus metrics: {exc}") from exc
 
     def close(self) -> None:
@@ -75,10 +91,15 @@ class HttpSource:
 
 
 class DumpSource:
-    """Reads a dump directory incrementally: each refresh parses only the complete lines added since."""
+    """Reads a dump directory incrementally: each refresh parses only the complete lines added since.
 
-    def __init__(self, root: str) -> None:
+    A file is read in pieces of at most ``max_line_bytes`` (so memory stays bounded
+    however large the file); a line longer than that is a :class:`CommandError`.
+    """
+
+    def __init__(self, root: str, max_line_bytes: int = MAX_DUMP_LINE_BYTES) -> None:
         self.root = Path(root)
+        self.max_line_bytes = max_line_bytes
         self._offsets: dict[Path, int] = {}
         self._counts = {"accepted": 0, "rejected": 0, "episodes": 0, "tokens": 0, "files": 0}
         self._rewards: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -87,27 +108,39 @@ class DumpSource:
 
     def _ingest(self, path: Path, version: int) -> None:
         offset = self._offsets.get(path, 0)
+        limit = self.max_line_bytes
         with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
-        if not end:
-            return
-        self._offsets[path] = offset + end
-        for line in data[:end].splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                accepted = bool(row.get("accepted", True))
-                reward = float(row.get("original_reward") if row.get("original_reward") is not None else row["reward"])
-                generated = int(row["seqlen"]) - int(row["prompt_len"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CommandError(f"{path}: not a dump line: {exc!r}") from None
-            self._counts["episodes"] += 1
-            self._counts["accepted" if accepted else "rejected"] += 1
-            if accepted:
-                self._counts["tokens"] += generated
+            while True:
+                fh.seek(offset)
+                data = fh.read(limit + 1)
+                end = data.rfind(b"\n") + 1  # a line still being written waits for the next refresh
+                if not end:
+                    if len(data) > limit:
+                        raise CommandError(
+                            f"{path}: the line at byte {offset} is longer than max_line_bytes={limit} (not read)"
+                        )
+                    return
+                offset += end
+                self._offsets[path] = offset
+                for line in data[:end].split(b"\n"):
+                    if line.strip():
+                        self._row(path, line, version)
+                if len(data) <= limit:  # the end of the file
+                    return
+
+    def _row(self, path: Path, line: bytes, version: int) -> None:
+        try:
+            row = loads_json(line)
+            accepted = bool(row.get("accepted", True))
+            reward = float(row.get("original_reward") if row.get("original_reward") is not None else row["reward"])
+            generated = int(row["seqlen"]) - int(row["prompt_len"])
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            raise CommandError(f"{path}: not a dump line: {exc!r:.200}") from None
+        self._counts["episodes"] += 1
+        self._counts["accepted" if accepted else "rejected"] += 1
+        if accepted:
+            self._counts["tokens"] += generated
+            if math.isfinite(reward):  # a NaN or infinite reward is counted, not averaged
                 entry = self._rewards[version]
                 entry[0] += 1
                 entry[1] += reward
@@ -150,6 +183,7 @@ class DumpSource:
 
 
 def _spark(values: Sequence[float]) -> str:
+    values = [v if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0 for v in values]
     if not values:
         return ""
     top = max(values) or 1.0
@@ -165,12 +199,18 @@ def _n(v: Any) -> str:
 
 
 def render(snap: dict[str, Any], history: dict[str, list[float]]) -> Any:
-    """The frame for ``snap`` (a rich renderable); ``history`` keeps each rate's recent values."""
+    """The frame for ``snap`` (a rich renderable); ``history`` keeps each rate's recent values.
+
+    Every string of ``snap`` came from elsewhere (a server's labels, a dump's path): each is
+    shown through :func:`~rollout_trio._terminal.terminal_safe` and as ``Text`` (never
+    parsed as rich markup).
+    """
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
 
+    snap = safe_tree(snap)
     loop = "-" if snap["loop_lag"] is None else f"{snap['loop_lag'] * 1000:.1f} ms"
     head = Text.assemble(
         ("rollout-trio top ", "bold"), (snap["source"], "cyan"),
@@ -189,26 +229,26 @@ def render(snap: dict[str, Any], history: dict[str, list[float]]) -> Any:
         series = history.setdefault(label, [])
         series.append(value)
         del series[:-_HISTORY]
-        rates.add_row(Text(f"{value:10.1f}", style="bold"), label, Text(_spark(series), style="green"))
+        rates.add_row(Text(f"{value:10.1f}", style="bold"), Text(label), Text(_spark(series), style="green"))
     parts: list[Any] = [head, Panel(counts, title="tasks", title_align="left"), Panel(rates, title="throughput", title_align="left")]
     lag = snap["lag"]
     if lag["count"]:
         bars = Table.grid(padding=(0, 1))
         most = max(n for _, n in lag["buckets"]) or 1
         for label, n in lag["buckets"]:
-            bars.add_row(f"{label:>6}", Text("█" * max(1 if n else 0, round(n / most * 30)), style="blue"), _n(n))
+            bars.add_row(Text(f"{label:>6}"), Text("█" * max(1 if n else 0, round(n / most * 30)), style="blue"), _n(n))
         mean = "" if lag["mean"] is None else f", mean {lag['mean']:.2f}"
         parts.append(Panel(bars, title=f"version lag of consumed data ({_n(lag['count'])}{mean})", title_align="left"))
     if snap["rewards"]:
         rewards = Table("version", "episodes", "mean reward", box=None, padding=(0, 2))
         for version, n, mean in snap["rewards"][-8:]:
-            rewards.add_row(str(version), _n(n), f"{mean:.3f}")
+            rewards.add_row(Text(str(version)), _n(n), f"{mean:.3f}")
         parts.append(Panel(rewards, title="reward by weight version", title_align="left"))
     if snap["servers"]:
         servers = Table("server", "in flight", "calls", "mean latency", "aborts", "errors", box=None, padding=(0, 2))
         for s in snap["servers"]:
             latency = "-" if s["mean_latency"] is None else f"{s['mean_latency'] * 1000:.1f} ms"
-            servers.add_row(s["server"], _n(s["in_flight"]), _n(s["calls"]), latency, _n(s["aborts"]), _n(s["errors"]))
+            servers.add_row(Text(str(s["server"])), _n(s["in_flight"]), _n(s["calls"]), latency, _n(s["aborts"]), _n(s["errors"]))
         parts.append(Panel(servers, title="inference servers", title_align="left"))
     return Group(*parts)
 

@@ -406,6 +406,13 @@ class LocalEngine:
         stop = {t for t in g.stop_token_ids if 0 <= t < self._vocab}
         if not g.ignore_eos:
             stop |= self._eos
+        if g.min_new_tokens > 0 and len(stop) >= self._vocab:
+            # Masked under min_new_tokens, no token would be left to draw: refuse this request
+            # alone (in the shared batched step it would fail every row batched with it).
+            raise ValueError(
+                f"gconfig.stop_token_ids: with min_new_tokens={g.min_new_tokens} every one of the {self._vocab} "
+                "tokens of the vocabulary is a stop token (or EOS): no token can be sampled"
+            )
         temperature = g.effective_temperature
         gen = None
         # A request without its own seed follows the run's (workflow_context.use_seed), if any.

@@ -65,8 +65,12 @@ def sample_rows(
     """
     if any(masked):
         logits = logits.clone()
+        vocab = logits.shape[-1]
         for i, ids in enumerate(masked):
-            if ids:
+            # A mask covering the whole vocabulary would leave the row nothing to draw and
+            # fail the shared step for every row (LocalEngine refuses such a request; this
+            # keeps the step safe whatever reaches it).
+            if ids and len(ids) < vocab:
                 logits[i, list(ids)] = float("-inf")
     row_temps = [_temperature(r.temperature) for r in rows]
     temps = torch.tensor([t if t > 0 else 1.0 for t in row_temps], dtype=logits.dtype, device=logits.device)

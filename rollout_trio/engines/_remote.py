@@ -326,8 +326,7 @@ class RemoteEngine:
             if exc.status_code not in (404, 405):
                 raise
             body = await session.call(url, HttpCall("GET", "/list_workers"), timeout=self._control_timeout)
-        listed = parse_worker_list(body, f"GET {url}/workers")
-        return [(normalize_address(u), wid) for u, wid in listed]
+        return parse_worker_list(body, f"GET {url}/workers")
 
     async def _discover_at_start(self, last: dict[Server, EngineError]) -> None:
         """Wait (within setup_timeout) until the router lists at least one worker."""
@@ -404,9 +403,22 @@ class RemoteEngine:
 
     async def _setup_servers(self) -> None:
         reported: dict[str, int | None] = {}
+        errors: dict[Server, EngineError] = {}
+
+        async def one(server: Server) -> None:
+            try:
+                await self._setup_server(server, reported)
+            except EngineError as exc:  # one typed error out of __aenter__, never a group
+                errors[server] = exc
+
         async with trio.open_nursery() as nursery:
             for server in self._workers:
-                nursery.start_soon(self._setup_server, server, reported)
+                nursery.start_soon(one, server)
+        if errors:
+            first = next(iter(errors.values()))
+            if len(errors) > 1:
+                first.add_note(f"setup also failed on: {_listing(dict(list(errors.items())[1:]))}")
+            raise first
         for server in self._workers:
             server.version = reported.get(server.base_url)
         if self._gateway is not None and self._workers and isinstance(self._workers[0].backend, VLLMBackend):

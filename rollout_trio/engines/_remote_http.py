@@ -4,7 +4,8 @@ Errors from httpx and from the server's status codes become the
 :class:`~rollout_trio.EngineError` tree here and nowhere else::
 
     httpx.TimeoutException, our per-attempt deadline  ->  EngineTimeoutError
-    the transport's ResponseTooLarge                 ->  EngineProtocolError
+    the transport's ResponseTooLarge                 ->  EngineProtocolError (names the limit)
+    httpx.DecodingError (a bad Content-Encoding)      ->  EngineProtocolError
     the transport's LocalResourceError (EMFILE)      ->  EngineLocalError
     httpx.ConnectError, any other transport error     ->  EngineConnectError
     HTTP status >= 400                                ->  EngineServerError(status_code)
@@ -36,6 +37,7 @@ from .._errors import (
     EngineTimeoutError,
 )
 from ._remote_wire import HttpCall
+from .._bounded import loads_json
 from ._transport import LocalResourceError, ResponseTooLarge, TrioTransport, frame_head
 
 __all__ = ["HttpSession", "RetryPolicy", "decode_json", "encode_json", "is_retriable", "map_transport_error", "retrying"]
@@ -45,10 +47,9 @@ T = TypeVar("T")
 _PLAIN_RAW = [(b"user-agent", b"rollout-trio"), (b"accept", b"application/json")]
 _JSON_TYPE = (b"content-type", b"application/json")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-# The standard library's encoder and decoder, built once: what encode_json and decode_json
-# fall back to where orjson would say something else.
+# The standard library's encoder, built once: what encode_json falls back to where orjson
+# would say something else.
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode
-_decode_json = json.JSONDecoder().decode
 # Subclasses of str/int/dict/list, dataclasses and datetimes: left to the standard library.
 _ORJSON_PLAIN = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
@@ -80,13 +81,13 @@ def decode_json(content: bytes) -> Any:
     reject by field name) or raises its ``ValueError``. One difference: orjson reads an
     integer beyond 64 bits as a float, which every field that wants an int rejects.
 
+    Nesting deeper than :data:`rollout_trio._bounded.MAX_JSON_DEPTH` is refused (never a
+    ``RecursionError``).
+
     Raises:
-        ValueError: not UTF-8 JSON (``UnicodeDecodeError`` or ``json.JSONDecodeError``).
+        ValueError: not UTF-8 JSON, or nested too deep.
     """
-    try:
-        return orjson.loads(content)
-    except ValueError:  # orjson.JSONDecodeError
-        return _decode_json(content.decode())
+    return loads_json(content)
 
 
 @attrs.frozen(kw_only=True)
@@ -118,7 +119,7 @@ def is_retriable(exc: BaseException) -> bool:
 
 def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
     """The :class:`EngineError` for an httpx exception (chained by the caller)."""
-    if isinstance(exc, ResponseTooLarge):  # retrying would read the same oversized answer
+    if isinstance(exc, (ResponseTooLarge, httpx.DecodingError)):  # retrying would read the same answer
         return EngineProtocolError(f"{where}: {exc}")
     if isinstance(exc, LocalResourceError):  # this machine's shortage: never the server's fault
         return EngineLocalError(f"{where}: {exc}")
@@ -130,9 +131,9 @@ def map_transport_error(exc: httpx.HTTPError, where: str) -> EngineError:
 def _status_error(response: httpx.Response, where: str) -> EngineServerError:
     body: Any
     try:
-        body = response.json()
+        body = loads_json(response.content)
     except ValueError:
-        body = response.text[:500]
+        body = response.content[:500].decode("utf-8", "replace")
     message = body
     if isinstance(body, dict):
         err = body.get("error")
@@ -283,10 +284,11 @@ class HttpSession:
             content = encode_json(call.json)
             data = b"%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (head, len(content), content)
         answer = await transport.exchange(origin, data, self._extensions["timeout"])
-        if answer.status < 400 and not answer.encoded:
-            return answer.status, answer.content
-        response = httpx.Response(answer.status, headers=answer.headers, stream=httpx.ByteStream(answer.content))
-        response.read()  # a ByteStream: decodes Content-Encoding, no I/O
+        content = await answer.adecoded(None)  # bounded after decompression, off the loop when large
+        if answer.status < 400:
+            return answer.status, content
+        response = httpx.Response(answer.status, headers=answer.plain_headers(), stream=httpx.ByteStream(content))
+        response.read()  # a ByteStream without Content-Encoding: no I/O
         return response
 
     def _fixed(self, base_url: str, path: str) -> list[tuple[bytes, bytes]]:

@@ -13,16 +13,22 @@ or the older ``GET /list_workers``).
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import EngineProtocolError, EngineError
 
-__all__ = ["Router", "Server", "normalize_address", "parse_worker_list"]
+__all__ = ["Router", "Server", "normalize_address", "parse_worker_list", "worker_url"]
 
 STRATEGIES = ("round_robin", "least_in_flight")
+log = logging.getLogger("rollout_trio.engines")
+
+_HOST = re.compile(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]")
+MAX_WORKERS = 4096
 
 
 def normalize_address(address: str) -> str:
@@ -35,30 +41,64 @@ def normalize_address(address: str) -> str:
     return address
 
 
-def parse_worker_list(body: Any, where: str) -> list[tuple[str, str | None]]:
-    """``(url, router's worker id or None)`` for each worker a router lists.
-
-    Accepts sglang-router's ``{"workers": [{"url", "id", ...}, ...]}`` and the older
-    ``{"urls": [...]}``.
+def worker_url(value: Any) -> str:
+    """A worker URL a router listed, checked and normalized (``http://host:port``).
 
     Raises:
-        EngineProtocolError: neither shape, or an entry without a string ``url``.
+        ValueError: not a string naming ``http://host:port`` (an IPv4/IPv6 address or a
+            host name, a port 1-65535; no user, path, query or fragment), naming the rule.
     """
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string")
+    if len(value) > 512:
+        raise ValueError(f"must be at most 512 characters, got {len(value)}")
+    url = normalize_address(value)
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() != "http":
+        raise ValueError(f"scheme {scheme[:20]!r}: must be http")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not _HOST.fullmatch(host):
+        raise ValueError("must be http://HOST:PORT with a host name or an IP address")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"port {port[:20]!r}: must be an integer 1-65535")
+    return f"http://{host}:{int(port)}"
+
+
+def parse_worker_list(body: Any, where: str) -> list[tuple[str, str | None]]:
+    """``(url, router's worker id or None)`` for each worker a router lists, its URL
+    normalized by :func:`worker_url`.
+
+    Accepts sglang-router's ``{"workers": [{"url", "id", ...}, ...]}`` and the older
+    ``{"urls": [...]}``. An entry whose URL is malformed is skipped and logged (a router
+    is untrusted: one bad entry costs that entry only); at most :data:`MAX_WORKERS` are read.
+
+    Raises:
+        EngineProtocolError: neither shape.
+    """
+    entries: list[Any]
     if isinstance(body, dict) and isinstance(body.get("workers"), list):
-        out: list[tuple[str, str | None]] = []
-        for i, entry in enumerate(body["workers"]):
-            url = entry.get("url") if isinstance(entry, dict) else None
-            if not isinstance(url, str) or not url:
-                raise EngineProtocolError(f"{where}: workers[{i}].url: must be a non-empty string, got {entry!r:.80}")
-            wid = entry.get("id")
-            out.append((url, wid if isinstance(wid, str) else None))
-        return out
-    if isinstance(body, dict) and isinstance(body.get("urls"), list):
-        urls = body["urls"]
-        if not all(isinstance(u, str) and u for u in urls):
-            raise EngineProtocolError(f"{where}: urls: must be a list of non-empty strings")
-        return [(u, None) for u in urls]
-    raise EngineProtocolError(f"{where}: must be an object with a 'workers' (or 'urls') list, got {body!r:.80}")
+        entries = [(e.get("url"), e.get("id")) if isinstance(e, dict) else (e, None) for e in body["workers"]]
+        name = "workers"
+    elif isinstance(body, dict) and isinstance(body.get("urls"), list):
+        entries = [(u, None) for u in body["urls"]]
+        name = "urls"
+    else:
+        raise EngineProtocolError(f"{where}: must be an object with a 'workers' (or 'urls') list, got {body!r:.80}")
+    out: list[tuple[str, str | None]] = []
+    seen: set[str] = set()
+    for i, (url, wid) in enumerate(entries[:MAX_WORKERS]):
+        try:
+            checked = worker_url(url)
+        except ValueError as exc:
+            log.warning("%s: %s[%d] skipped: url %r: %s", where, name, i, str(url)[:80], exc)
+            continue
+        if checked in seen:
+            continue
+        seen.add(checked)
+        out.append((checked, wid if isinstance(wid, str) and len(wid) <= 256 else None))
+    if len(entries) > MAX_WORKERS:
+        log.warning("%s: lists %d workers; only the first %d are read", where, len(entries), MAX_WORKERS)
+    return out
 
 
 class Server:

@@ -23,7 +23,9 @@ header or the target is a local protocol error, as it was with h11.
 
 Scope: HTTP/1.1 over plain TCP (``http://``), one request at a time per connection, whole
 bodies (the response body is read before ``handle_async_request`` returns, which suits
-JSON APIs) of at most ``max_body_bytes``. A request that fails or is cancelled closes its
+JSON APIs) of at most ``max_body_bytes``, as received and once its ``Content-Encoding``
+is undone (inflated incrementally by :mod:`rollout_trio._bounded`, stopping at the limit;
+the answer handed to httpx carries the decoded body and no ``Content-Encoding``). A request that fails or is cancelled closes its
 connection: for servers that abort work when the client goes away, cancelling is
 disconnecting. Errors are raised as httpx's own exceptions, so callers map them as they
 would for any transport.
@@ -44,7 +46,11 @@ import httptools
 import httpx
 import trio
 
-__all__ = ["ConnectionLimits", "LocalResourceError", "ResponseTooLarge", "TrioTransport", "frame_head"]
+from .._bounded import BadContent, BodyTooLarge, Inflater
+
+__all__ = [
+    "ConnectionLimits", "LocalResourceError", "ResponseDecodingError", "ResponseTooLarge", "TrioTransport", "frame_head",
+]  # fmt: skip
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 64 * 1024 * 1024
@@ -61,6 +67,10 @@ _BAD_TARGET = re.compile(rb"[\x00-\x20\x7f]")
 
 class ResponseTooLarge(httpx.RemoteProtocolError):
     """The response body exceeds the transport's ``max_body_bytes``."""
+
+
+class ResponseDecodingError(httpx.DecodingError):
+    """The response's ``Content-Encoding`` is unknown, or its body is corrupt in it."""
 
 
 class LocalResourceError(httpx.ConnectError):
@@ -193,6 +203,40 @@ class _Response:
         body = self.body
         return body[0] if len(body) == 1 else b"".join(body)
 
+    def decoded(self, request: httpx.Request | None, what: str = "response") -> bytes:
+        """The body with its ``Content-Encoding`` undone, at most ``max_body`` bytes
+        decoded (:mod:`rollout_trio._bounded`; inflating stops at the limit).
+
+        Raises:
+            ResponseTooLarge: the decoded body is over ``max_body``.
+            ResponseDecodingError: an unknown coding, or a corrupt body.
+        """
+        if not self.encoded:
+            return self.content
+        coding = ",".join(v.decode("latin-1") for n, v in self.headers if n.lower() == b"content-encoding")
+        try:
+            inflater = Inflater(coding, self.max_body, what=what)
+            for piece in self.body:
+                inflater.feed(piece)
+            return inflater.finish()
+        except BodyTooLarge as exc:
+            raise ResponseTooLarge(str(exc), request=request) from None
+        except BadContent as exc:
+            raise ResponseDecodingError(str(exc), request=request) from None
+
+    async def adecoded(self, request: httpx.Request | None) -> bytes:
+        """:meth:`decoded`, in a worker thread when the body is encoded and over 64 KiB
+        (inflating up to the limit takes tens of milliseconds: other requests go on)."""
+        if not self.encoded or self.size <= 64 * 1024:
+            return self.decoded(request)
+        return await trio.to_thread.run_sync(self.decoded, request)
+
+    def plain_headers(self) -> list[tuple[bytes, bytes]]:
+        """The headers without ``Content-Encoding`` (what describes :meth:`decoded`)."""
+        if not self.encoded:
+            return self.headers
+        return [(n, v) for n, v in self.headers if n.lower() != b"content-encoding"]
+
     # -- driving
 
     def feed(self, data: bytes, request: httpx.Request | None) -> None:
@@ -291,8 +335,8 @@ class TrioTransport(httpx.AsyncBaseTransport):
         connect_timeout: seconds to open a TCP connection (an ``extensions["timeout"]``
             ``connect`` value on the request wins).
         limits: connection limits (see :class:`ConnectionLimits`).
-        max_body_bytes: the largest response body read; a larger one raises
-            :class:`ResponseTooLarge` (an ``httpx.RemoteProtocolError``).
+        max_body_bytes: the largest response body read, as received and once decoded; a
+            larger one raises :class:`ResponseTooLarge` (an ``httpx.RemoteProtocolError``).
     """
 
     def __init__(
@@ -327,14 +371,15 @@ class TrioTransport(httpx.AsyncBaseTransport):
             body = await request.aread()
         timeouts = request.extensions.get("timeout") or {}
         answer = await self.exchange(key, _frame(request, body), timeouts, head=request.method == "HEAD", request=request)
+        content = await answer.adecoded(request)  # bounded: never httpx's whole-body inflate
         response = httpx.Response(
             answer.status,
-            headers=answer.headers,
-            stream=httpx.ByteStream(b"".join(answer.body)),
+            headers=answer.plain_headers(),
+            stream=httpx.ByteStream(content),
             extensions={"http_version": b"HTTP/" + answer.version.encode(), "reason_phrase": answer.reason},
             request=request,
         )
-        response.read()  # a ByteStream: decodes Content-Encoding, no I/O
+        response.read()  # a ByteStream, no Content-Encoding left: no I/O, no decoding
         return response
 
     async def exchange(

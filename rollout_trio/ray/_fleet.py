@@ -35,11 +35,14 @@ import attrs
 import httpx
 import trio
 
+from .._bounded import aread_response, loads_json
 from ._process import SERVER_KINDS, RayFleetError
 
 __all__ = ["RayFleet", "RayServer", "open_ray_fleet"]
 
 log = logging.getLogger("rollout_trio.ray")
+#: The most a server's or the router's answer may hold, raw and decoded.
+MAX_ANSWER_BYTES = 16 * 2**20
 
 
 @attrs.define(eq=False)
@@ -221,8 +224,7 @@ class RayFleet:
         with trio.move_on_after(self._options.drain_timeout):
             while True:
                 try:
-                    answer = await self._http.get(slot.url + "/stats")
-                    stats = answer.json() if answer.status_code == 200 else None
+                    stats = await self._get_json(slot.url + "/stats")
                 except (httpx.HTTPError, ValueError):
                     return  # nothing to drain on a server that does not answer
                 if not isinstance(stats, dict) or not stats.get("in_flight"):
@@ -297,10 +299,22 @@ class RayFleet:
                 await trio.sleep(0.1)
         raise RayFleetError(f"the router did not list {url} healthy within {self._options.startup_timeout:g} s")
 
+    async def _get_json(self, url: str) -> Any:
+        """The JSON of a 200 answer from ``url`` (None for another status), read bounded
+        (:mod:`rollout_trio._bounded`): a server's answer is untrusted.
+
+        Raises:
+            httpx.HTTPError, ValueError: the request failed, or the answer is too large or
+                not JSON.
+        """
+        async with self._http.stream("GET", url) as response:
+            body = await aread_response(response, MAX_ANSWER_BYTES, what=f"GET {url}")
+        return loads_json(body) if response.status_code == 200 else None
+
     async def _listed(self) -> dict[str, tuple[str | None, bool]]:
         """The router's workers: URL -> (id, healthy)."""
         try:
-            body = (await self._http.get(self.router_url + "/workers")).json()
+            body = await self._get_json(self.router_url + "/workers")
         except (httpx.HTTPError, ValueError):
             return {}
         out: dict[str, tuple[str | None, bool]] = {}
