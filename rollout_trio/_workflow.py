@@ -106,8 +106,8 @@ def _is_async_callable(obj: Any, name: str) -> bool:
 
 
 #: Wraps an agent (an object with ``async run()``) as a workflow. The agents layer builds
-#: on this module, so it registers itself here (when ``rollout_trio`` is imported) instead
-#: of this module importing it.
+#: on this module, so it registers itself here when it is imported; the first agent
+#: resolved imports it (``rollout_trio.executor`` alone does not, issue 32).
 _agent_wrapper: Callable[[Any], RolloutWorkflow] | None = None
 
 
@@ -119,7 +119,9 @@ def register_agent_wrapper(wrapper: Callable[[Any], RolloutWorkflow]) -> None:
 
 def _agent_workflow(agent: Any, kwargs: Mapping[str, Any] | None, instance_note: str) -> RolloutWorkflow:
     if _agent_wrapper is None:
-        raise TypeError("an agent (an object with async run()) needs rollout_trio.agents; import it first")
+        importlib.import_module("rollout_trio.agents")  # registers AgentRolloutWorkflow
+    if _agent_wrapper is None:  # pragma: no cover - the agents layer registers at import
+        raise RuntimeError("rollout_trio.agents did not register its agent wrapper")
     if inspect.isclass(agent):
         agent = agent(**(kwargs or {}))
     elif kwargs is not None:
