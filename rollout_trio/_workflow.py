@@ -136,7 +136,15 @@ def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = 
     ignored, with a warning); an ``async def (engine, data)`` function (kwargs are bound
     as keyword arguments); a class with ``arun_episode`` (instantiated with
     ``workflow_kwargs``, which is then required); an object with ``async def
-    arun_episode``; an import string ``"pkg.module.Name"`` naming any of these.
+    arun_episode``; an import string ``"pkg.module.Name"`` naming any of these; an agent
+    (an object or class with ``async def run``), wrapped in ``AgentRolloutWorkflow``.
+
+    Args:
+        workflow: any of the above.
+        workflow_kwargs: keyword arguments for a class (required) or a function (bound).
+
+    Returns:
+        A :class:`RolloutWorkflow` instance.
 
     Raises:
         ValueError: ``None``, a class without ``workflow_kwargs``, or an import string
