@@ -45,6 +45,8 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._normalize import NormConfig as NormConfig
     from ._normalize import normalize_advantages as normalize_advantages
     from ._normalize import normalize_rewards as normalize_rewards
+    from ._normalize import rollout_time_affine as rollout_time_affine
+    from ._normalize import rollout_time_apply as rollout_time_apply
     from ._padding import concat_trajectories as concat_trajectories
     from ._padding import split_trajectories as split_trajectories
     from ._rollout_group import RolloutGroup as RolloutGroup
@@ -129,6 +131,8 @@ __all__ = [
     "open_executor",
     "read_dump",
     "resolve_workflow",
+    "rollout_time_affine",
+    "rollout_time_apply",
     "run_group",
     "split_trajectories",
     "to_json",
@@ -174,6 +178,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "OpenAIEndpoint": (".agents", "OpenAIEndpoint"),
     "read_dump": (".executor", "read_dump"),
     "resolve_workflow": ("._workflow", "resolve_workflow"),
+    "rollout_time_affine": ("._normalize", "rollout_time_affine"),
+    "rollout_time_apply": ("._normalize", "rollout_time_apply"),
     "RewardFunction": (".rewards", "RewardFunction"),
     "RewardTimeoutError": (".rewards", "RewardTimeoutError"),
     "RewardValueError": ("._errors", "RewardValueError"),

@@ -392,8 +392,15 @@ def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> 
 
     Use it for each row reward and cached ``rewards`` tensor with the pair from
     :func:`rollout_time_affine`. ``values`` is first rounded to float32 (the dtype
-    rewards have in a batch), so equal references give exactly 0. Returns a float32
-    tensor shaped like ``values`` (0-d for a Python number).
+    rewards have in a batch), so equal references give exactly 0.
+
+    Args:
+        values: rewards: a number, a sequence or a tensor.
+        mean: the baseline from :func:`rollout_time_affine`.
+        scale: the divisor from :func:`rollout_time_affine`.
+
+    Returns:
+        A float32 tensor shaped like ``values`` (0-d for a Python number).
 
     Raises:
         ValueError: a normalized value lies beyond float32's range (more than rounding).

@@ -229,6 +229,12 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
     other values must be equal in every item. Each item stays (at least) one
     logical rollout: the result's ``rollout_group`` lists every item's rollouts.
 
+    Args:
+        items: trajectories, or tensor dicts :meth:`Trajectory.from_dict` accepts, in row order.
+
+    Returns:
+        One trajectory with every item's rows, padded to the widest.
+
     Raises:
         WorkflowContractError: an empty list, differing key sets (naming the slot and
             the keys), mixed ndim for a key, or differing non-tensor values.
@@ -304,8 +310,19 @@ def split_trajectories(
 
     Each piece is trimmed to ``widths[i]`` positions along dimension 1 (every tensor
     whose dimension 1 is the batch's padded width); without ``widths``, to the last
-    position any of its rows attends to. Logical rollouts are split with the rows;
-    a boundary inside a rollout raises :class:`WorkflowContractError`.
+    position any of its rows attends to. Logical rollouts are split with the rows.
+
+    Args:
+        traj: the joined trajectory.
+        row_counts: rows of each piece, positive, summing to ``traj.batch_size``.
+        widths: the width to trim each piece to (one per piece), or None.
+
+    Returns:
+        The pieces, in row order.
+
+    Raises:
+        WorkflowContractError: ``row_counts`` not positive or not summing to the rows,
+            ``widths`` not one per piece, or a boundary inside a logical rollout.
     """
     counts = list(row_counts)
     if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts):

@@ -106,8 +106,8 @@ def _is_async_callable(obj: Any, name: str) -> bool:
 
 
 #: Wraps an agent (an object with ``async run()``) as a workflow. The agents layer builds
-#: on this module, so it registers itself here (when ``rollout_trio`` is imported) instead
-#: of this module importing it.
+#: on this module, so it registers itself here when it is imported; the first agent
+#: resolved imports it (``rollout_trio.executor`` alone does not, issue 32).
 _agent_wrapper: Callable[[Any], RolloutWorkflow] | None = None
 
 
@@ -119,7 +119,9 @@ def register_agent_wrapper(wrapper: Callable[[Any], RolloutWorkflow]) -> None:
 
 def _agent_workflow(agent: Any, kwargs: Mapping[str, Any] | None, instance_note: str) -> RolloutWorkflow:
     if _agent_wrapper is None:
-        raise TypeError("an agent (an object with async run()) needs rollout_trio.agents; import it first")
+        importlib.import_module("rollout_trio.agents")  # registers AgentRolloutWorkflow
+    if _agent_wrapper is None:  # pragma: no cover - the agents layer registers at import
+        raise RuntimeError("rollout_trio.agents did not register its agent wrapper")
     if inspect.isclass(agent):
         agent = agent(**(kwargs or {}))
     elif kwargs is not None:
@@ -134,7 +136,15 @@ def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = 
     ignored, with a warning); an ``async def (engine, data)`` function (kwargs are bound
     as keyword arguments); a class with ``arun_episode`` (instantiated with
     ``workflow_kwargs``, which is then required); an object with ``async def
-    arun_episode``; an import string ``"pkg.module.Name"`` naming any of these.
+    arun_episode``; an import string ``"pkg.module.Name"`` naming any of these; an agent
+    (an object or class with ``async def run``), wrapped in ``AgentRolloutWorkflow``.
+
+    Args:
+        workflow: any of the above.
+        workflow_kwargs: keyword arguments for a class (required) or a function (bound).
+
+    Returns:
+        A :class:`RolloutWorkflow` instance.
 
     Raises:
         ValueError: ``None``, a class without ``workflow_kwargs``, or an import string

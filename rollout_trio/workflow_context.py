@@ -69,7 +69,7 @@ class WorkflowContext:
     sample_idx: int | None = None
     group_size: int = 1
     processor_cache: ProcessorCache | None = None
-    _requests: itertools.count[int] = attrs.field(init=False, factory=itertools.count, eq=False, repr=False)
+    _requests: Iterator[int] = attrs.field(init=False, factory=itertools.count, eq=False, repr=False)
 
     def evolve(self, **changes: Any) -> WorkflowContext:
         """A copy with ``changes``."""

@@ -10,6 +10,7 @@ ROOT_NAMES = [
     "WorkflowContractError", "concat_trajectories", "split_trajectories", "RolloutWorkflow",
     "resolve_workflow", "workflow_context", "EngineError", "EngineConnectError", "EngineTimeoutError",
     "EngineServerError", "EngineProtocolError", "GroupedRolloutWorkflow", "run_group", "NormConfig", "normalize_rewards",
+    "rollout_time_affine", "rollout_time_apply",  # docs/normalization.md imports them from the root (issue 32)
 ]
 
 

@@ -1,9 +1,7 @@
 """Every block of README.md works as written (issue 11 item 16).
 
-The ```python blocks of one section (a ``## `` heading and its subsections) run in order in
-one fresh namespace, as a reader would paste them into one session: the first block of a
-section is a complete program, a later one may use what the blocks before it defined. Each
-```bash block parses, and every program, script and repository path it names exists (or is
+The ```python blocks of README.md and docs/ run in tests/test_doc_blocks.py, each alone, as
+pasted. Each ```bash block parses, and every program, script and repository path it names exists (or is
 made by an earlier README command, like `.venv`). The README's test command is the one CI runs.
 """
 
@@ -23,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[ \t]*$")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)(?:[ \t]+[^`]*)?[ \t]*$")  # info: "python fixture:fleet"
 
 
 @attrs.frozen
@@ -67,18 +65,6 @@ def test_the_extractor_finds_indented_blocks_their_lines_and_sections():
 
 def test_the_readme_has_blocks_to_check():
     assert len(PYTHON) >= 4 and len(BASH) >= 2
-
-
-SECTIONS: dict[str, list[Block]] = {}
-for _block in PYTHON:
-    SECTIONS.setdefault(_block.section, []).append(_block)
-
-
-@pytest.mark.parametrize("section", list(SECTIONS), ids=[f"{b[0].name} {s}" for s, b in SECTIONS.items()])
-def test_python_blocks_of_a_section_run_in_one_fresh_session(section, capsys):
-    namespace = {"__name__": "__main__"}
-    for block in SECTIONS[section]:
-        exec(compile(block.source, block.name, "exec"), namespace)  # noqa: S102 - the README's own examples
 
 
 def _commands(script: str) -> list[list[str]]:
@@ -155,50 +141,6 @@ def test_ci_installs_torch_as_the_readme_tells_a_newcomer():
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in torch_step
     ci = (ROOT / ".ci" / "run").read_text()
     assert torch_step in ci, f"{torch_step!r} is not what .ci/run runs"
-
-
-def _unbound_names(source: str) -> set[str]:
-    """Global names ``source`` reads but neither imports nor assigns (builtins excepted)."""
-    import builtins
-    import symtable
-
-    top = symtable.symtable(source, "<block>", "exec")
-    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
-    used: set[str] = set()
-    tables = [top]
-    while tables:
-        table = tables.pop()
-        tables += table.get_children()
-        for s in table.get_symbols():
-            if s.is_referenced() and (table is top or s.is_global()):
-                used.add(s.get_name())
-    return {n for n in used - bound if not hasattr(builtins, n)}
-
-
-def test_the_unbound_names_check_sees_a_missing_import():
-    assert _unbound_names("async def f():\n    await trio.sleep(0)\ntrio.run(f)\n") == {"trio"}
-    assert _unbound_names("import trio\nasync def f():\n    await trio.sleep(0)\ntrio.run(f)\n") == set()
-
-
-def _made(source: str) -> set[str]:
-    """Top-level names ``source`` assigns (values, not imports)."""
-    import symtable
-
-    return {s.get_name() for s in symtable.symtable(source, "<block>", "exec").get_symbols() if s.is_assigned()}
-
-
-@pytest.mark.parametrize("block", [b for b in PYTHON if "trio.run(" in b.source], ids=lambda b: b.name)
-def test_a_block_that_runs_a_program_imports_what_it_uses(block):
-    """A program a reader may paste alone names its own imports.
-
-    A block that goes on with objects an earlier block of its section made (a running
-    fleet, a model) is a continuation and may use that block's imports too.
-    """
-    earlier = SECTIONS[block.section][: SECTIONS[block.section].index(block)]
-    missing = _unbound_names(block.source)
-    if missing & set().union(*(_made(b.source) for b in earlier)):
-        return  # a continuation
-    assert missing == set(), f"{block.name} uses names it does not import"
 
 
 _UNPUBLISHED = re.compile(r"""pip install[^`\n]*['"]?rollout-trio\[""")

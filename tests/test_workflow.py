@@ -137,3 +137,33 @@ def test_agent_workflow_is_a_deprecated_shim():
         Old()
     with pytest.warns(DeprecationWarning):
         Old()  # on every instantiation
+
+
+_AGENT_FIRST = '''
+import sys
+import trio
+from rollout_trio.executor import open_executor
+from rollout_trio.testing import ScriptedEngine
+
+class Agent:
+    async def run(self, data, **kwargs):
+        return 0.0
+
+async def main():
+    assert "rollout_trio.agents" not in sys.modules, "the check needs a process without the agents layer"
+    async with open_executor(ScriptedEngine(), consumer_batch_size=1) as rollout:
+        rollout.submit({}, Agent())
+        print("submitted")
+
+trio.run(main)
+'''
+
+
+def test_an_agent_resolves_without_importing_the_agents_layer_first():
+    """Issue 32: `from rollout_trio.executor import open_executor`, then `submit({}, agent)`,
+    raised TypeError ("needs rollout_trio.agents; import it first") in a fresh process."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _AGENT_FIRST], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted" in proc.stdout

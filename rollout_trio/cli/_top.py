@@ -3,7 +3,9 @@
 ADDRESS is what serves ``/metrics`` (``rollout-trio run --metrics-port``, an executor's
 :func:`~rollout_trio.observe.open_metrics_server`, ``rollout-trio serve``), as
 ``http://HOST:PORT`` or ``HOST:PORT``; or a dump directory being written
-(``run --dump``), whose new lines are read as they arrive.
+(``run --dump``), whose new lines are read as they arrive. When a metrics endpoint that
+answered stops answering (the run ended), ``top`` says "the run ended" and exits 0; an
+address that never answered is a failure (exit 1).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ def _parser() -> Parser:
 # ---------------------------------------------------------------------------- sources
 
 
+class RunEnded(Exception):
+    """The metrics endpoint answered before and now refuses connections: the run is over."""
+
+
 class HttpSource:
     """Scrapes ``{base}/metrics`` and parses it with prometheus-client's parser.
 
@@ -64,6 +70,7 @@ class HttpSource:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
         self.max_bytes = max_bytes
+        self._answered = False  # once it has, a refused connection means the run ended
 
     def read(self) -> dict[str, Any]:
         import httpx
@@ -74,10 +81,15 @@ class HttpSource:
         try:
             with self._client.stream("GET", url) as response:
                 body = read_response(response, self.max_bytes, what=url)
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+            if self._answered:
+                raise RunEnded(f"{self.base} stopped answering") from exc
+            raise CommandError(f"{url}: cannot scrape: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise CommandError(f"{url}: cannot scrape: {type(exc).__name__}: {exc}") from exc
         except (BodyTooLarge, BadContent) as exc:
             raise CommandError(str(exc)) from None
+        self._answered = True
         text = body.decode("utf-8", "replace")
         if response.status_code != 200:
             raise CommandError(f"{url}: HTTP {response.status_code}: {text[:200]!r}")
@@ -282,6 +294,8 @@ def _main(args: argparse.Namespace) -> int:
     source = source_for(args.address, args.api_key)
     try:
         watch(source, interval=args.interval, once=args.once)
+    except RunEnded as ended:
+        print(f"rollout-trio top: the run ended ({ended})", file=sys.stderr, flush=True)
     finally:
         source.close()
     return 0

@@ -794,6 +794,13 @@ def read_dump(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BY
     Every value must have its field's JSON type (``"accepted": "false"`` is an error, not
     True); a line longer than ``max_line_bytes`` is an error, found without reading it whole.
 
+    Args:
+        path: a dump directory (any level of the layout) or one ``.jsonl`` file.
+        max_line_bytes: the longest line accepted, in bytes.
+
+    Returns:
+        The records, as :class:`DumpRecord` objects.
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: naming the file and line, for a line that is not a dump record; naming
