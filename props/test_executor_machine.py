@@ -20,6 +20,10 @@ for minutes (``props/conftest.py``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import sys
+import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -40,6 +44,7 @@ from rollout_trio.testing import ScriptedEngine
 
 from executor_model import DURATION, MCall, Model, MOwner
 
+SETTLE_TIMEOUT = 30.0  # real seconds one step may take to settle (it takes milliseconds)
 KINDS = st.sampled_from(["ok", "ok", "slow", "fail", "none"])
 SOURCE = ["ok", "fail", "ok", "none", "slow", "ok"]
 
@@ -82,10 +87,12 @@ class ExecutorMachine(RuleBasedStateMachine):
         self.delivered: list[int] = []
         self.ex: Any = None
         self.model: Model | None = None
+        self._trio_thread: int | None = None
 
     # -- the executor's Trio run ------------------------------------------------------------
 
     async def _host(self, config: dict[str, Any], ready: trio.Event, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._trio_thread = threading.get_ident()
         engine = ScriptedEngine()
         async with engine, open_executor(engine, **config) as ex, trio.open_nursery() as nursery:
             self.ex, self.nursery = ex, nursery
@@ -102,7 +109,15 @@ class ExecutorMachine(RuleBasedStateMachine):
             await trio.testing.wait_all_tasks_blocked()
             return out
 
-        return self.portal.call(step)
+        future = self.portal.start_task_soon(step)
+        try:
+            return future.result(timeout=SETTLE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            frames = "".join(traceback.format_stack(sys._current_frames()[self._trio_thread])) if self._trio_thread else ""
+            raise AssertionError(
+                f"the executor did not settle within {SETTLE_TIMEOUT} s of real time on a clock that stands still: "
+                f"a busy loop. The Trio thread:\n{frames}"
+            ) from None
 
     @initialize(
         batch=st.integers(1, 3),
