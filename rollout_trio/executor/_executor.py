@@ -486,6 +486,9 @@ class RolloutExecutor(ConsumerCalls):
                     await self._lot.park()
             else:
                 await self._lot.park()
+            # Let the consumer calls woken with it take their results first (each takes in
+            # one step): what starts next then never depends on which task Trio ran first.
+            await trio.lowlevel.checkpoint()
 
     async def _run(self, task: Task) -> None:
         scope = task.scope
