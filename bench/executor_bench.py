@@ -11,6 +11,11 @@
    again much later (target: flat).
 4. RSS drift over many accepted trajectories with dumps on: from after a warm-up to the
    end (target < 5%).
+5. The cost of the per-trajectory staleness bound (issue 27): a trainer loop at
+   ``max_head_offpolicyness=1`` with a mix of short and long episodes (a long one takes 12x
+   as long), ``drop_stale=True`` against AReaL's rule (``drop_stale=False``): the share of
+   accepted results dropped as stale, the mean length generated and consumed, and the
+   oldest lag consumed. Counts, not speed: it runs on a virtual clock.
 
 Run: python bench/executor_bench.py [--quick] [--repeats R]
      (--quick: fewer trajectories; the full run dumps 10,000 trajectories of 4k tokens,
@@ -32,6 +37,7 @@ from typing import Any
 
 import torch
 import trio
+import trio.testing
 
 from rollout_trio import ModelRequest, ModelResponse, Trajectory, run_group
 from rollout_trio.executor import TrajectoryDumper, open_executor
@@ -233,6 +239,43 @@ async def drift(n: int, root: str) -> tuple[float, float]:
     return marks[0], marks[1]
 
 
+async def staleness_cost(drop_stale: bool, steps: int) -> dict[str, float]:
+    """One trainer loop: prepare_batch(8), bump, on a virtual clock (see the module docstring)."""
+    rng = __import__("random").Random(0)
+    lengths = [4 if rng.random() < 0.7 else 48 for _ in range(512)]
+    engine = InstantEngine()
+
+    async def varied(engine: Any, n: int) -> Trajectory:
+        v = engine.get_version()  # its first token's version: a long generation spans more bumps
+        await trio.sleep(n / 4)
+        return Trajectory.from_dict({
+            "input_ids": torch.ones(1, 2 + n, dtype=torch.long),
+            "attention_mask": torch.ones(1, 2 + n, dtype=torch.bool),
+            "loss_mask": torch.tensor([[0, 0] + [1] * n]),
+            "versions": torch.tensor([[-1, -1] + [v] * n]),
+        })  # fmt: skip
+
+    consumed_tokens, consumed, worst_lag = 0, 0, 0
+    async with open_executor(engine, consumer_batch_size=8, max_concurrent_rollouts=8, max_head_offpolicyness=1, drop_stale=drop_stale) as ex:
+        for step in range(steps):
+            batch = await ex.prepare_batch(lengths, varied, batch_size=8)
+            for t in batch:
+                assert isinstance(t, Trajectory) and t.loss_mask is not None and t.versions is not None
+                consumed_tokens += int(t.loss_mask.sum())
+                consumed += 1
+                worst_lag = max(worst_lag, step - int(t.versions[0, -1]))
+            ex.set_version(step + 1)
+        s = ex.statistics()
+    generated = s.accepted + s.buffered + s.stale
+    return {
+        "stale_share": s.stale / max(1, generated),
+        "stale_tokens": float(s.stale_tokens),
+        "consumed_mean_len": consumed_tokens / max(1, consumed),
+        "generated_mean_len": (consumed_tokens + s.stale_tokens) / max(1, consumed + s.stale),
+        "worst_lag": float(worst_lag),
+    }
+
+
 def section(name: str, quick: bool, repeats: int) -> None:
     groups = 2048 if quick else 10240
     dumps = 1000 if quick else 10_000
@@ -266,6 +309,15 @@ def section(name: str, quick: bool, repeats: int) -> None:
             warm, end = trio.run(drift, drift_n, root)
         print(f"4. RSS drift over {drift_n} accepted trajectories with dumps on (warm-up: the first tenth):")
         print(f"   after warm-up {warm:7.1f} MiB   at the end {end:7.1f} MiB   drift {100 * (end - warm) / warm:+.1f}%  (target < 5%)")
+    elif name == "staleness":
+        steps = 100 if quick else 500
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        print(f"5. the staleness bound's cost, s=1, {steps} steps of prepare_batch(8), 30% of episodes 12x longer:")
+        for drop in (True, False):
+            r = trio.run(staleness_cost, drop, steps, clock=clock)
+            print(f"   drop_stale={drop!s:5}  dropped {100 * r['stale_share']:5.1f}% of accepted ({r['stale_tokens']:.0f} tokens)"
+                  f"   mean length generated {r['generated_mean_len']:5.1f}, consumed {r['consumed_mean_len']:5.1f}"
+                  f"   oldest lag consumed {r['worst_lag']:.0f} (bound 1)")  # fmt: skip
 
 
 def main() -> None:
@@ -287,7 +339,7 @@ def main() -> None:
         subprocess.run(cmd, check=True)
 
 
-SECTIONS = ("throughput", "stall", "stalled", "drift")
+SECTIONS = ("throughput", "stall", "stalled", "drift", "staleness")
 
 if __name__ == "__main__":
     main()

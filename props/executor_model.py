@@ -66,12 +66,27 @@ class MCall:
     arg: Any
     owner: MOwner
     tasks: list[MTask] = field(default_factory=list)
-    outcome: tuple[str, Any] | None = None  # ("ok", [tids]) | ("raise", name) | ("cancelled", None)
+    outcome: tuple[str, Any] | None = (
+        None  # ("ok", [tids]) | ("raise", name) | ("cancelled", None)
+    )
 
 
 class Model:
-    def __init__(self, *, batch: int, staleness: int, queue_size: int, max_rejections: int, source: list[str]) -> None:
-        self.b, self.s, self.q, self.max_rejections = batch, staleness, queue_size, max_rejections
+    def __init__(
+        self,
+        *,
+        batch: int,
+        staleness: int,
+        queue_size: int,
+        max_rejections: int,
+        source: list[str],
+    ) -> None:
+        self.b, self.s, self.q, self.max_rejections = (
+            batch,
+            staleness,
+            queue_size,
+            max_rejections,
+        )
         self.now = 0.0
         self.version = 0
         self.paused = False
@@ -82,7 +97,9 @@ class Model:
         self.running: MTask | None = None
         self.calls: list[MCall] = []
         self.next_id = self.order = self.seq = 0
-        self.counts: collections.Counter[str] = collections.Counter()  # submitted accepted stale discarded cancelled
+        self.counts: collections.Counter[str] = (
+            collections.Counter()
+        )  # submitted accepted stale discarded cancelled
         self.rejected: collections.Counter[str] = collections.Counter()
         self.failed: collections.Counter[str] = collections.Counter()
         self.delivered: list[int] = []
@@ -97,7 +114,9 @@ class Model:
         return int(self.running is not None and not self.running.is_eval)
 
     def budget_left(self) -> int:
-        return (self.s + self.version + 1) * self.b - (self.accepted_mgr + self.running_training())
+        return (self.s + self.version + 1) * self.b - (
+            self.accepted_mgr + self.running_training()
+        )
 
     def pool(self) -> int:
         return sum(1 for t in self.common.finished.values() if t.deliverable)
@@ -107,7 +126,9 @@ class Model:
 
     def _startable(self, task: MTask) -> bool:
         if task.owner is self.common:
-            running_common = int(self.running is not None and self.running.owner is self.common)
+            running_common = int(
+                self.running is not None and self.running.owner is self.common
+            )
             if running_common + self.pool() >= self.q:
                 return False
         return task.is_eval or self.budget_left() > 0
@@ -176,7 +197,11 @@ class Model:
 
     def sweep(self) -> None:
         floor = self.version - self.s
-        for owner in [self.common, self.feed, *(c.owner for c in self.calls if c.kind == "batch")]:
+        for owner in [
+            self.common,
+            self.feed,
+            *(c.owner for c in self.calls if c.kind == "batch"),
+        ]:
             for task in list(owner.finished.values()):
                 if task.deliverable and not task.is_eval and task.version < floor:
                     task.dropped = "stale"
@@ -229,22 +254,32 @@ class Model:
                         self.accepted_mgr += 1
                     self._conclude(task, "accepted", None)
                 else:
-                    self._conclude(task, "rejected" if task.kind == "none" else "failed", REASON[task.kind])
+                    self._conclude(
+                        task,
+                        "rejected" if task.kind == "none" else "failed",
+                        REASON[task.kind],
+                    )
                 changed = True
+            # The calls woken by an event take their results before anything starts (the
+            # dispatcher yields once after each wake).
+            queued = len(self.queue)
+            for call in [c for c in self.calls if c.outcome is None]:
+                if self._serve(call):
+                    changed = True
+            changed = changed or len(self.queue) != queued  # prepare_batch queued more
             if self.queue:
                 self.sweep()
             nxt = self._next()
             if nxt is not None:
                 self.queue.remove(nxt)
                 self.seq += 1
-                nxt.seq, nxt.state, nxt.end = self.seq, "running", self.now + DURATION[nxt.kind]
+                nxt.seq, nxt.state, nxt.end = (
+                    self.seq,
+                    "running",
+                    self.now + DURATION[nxt.kind],
+                )
                 self.running = nxt
                 changed = True
-            queued = len(self.queue)
-            for call in [c for c in self.calls if c.outcome is None]:
-                if self._serve(call):
-                    changed = True
-            changed = changed or len(self.queue) != queued  # prepare_batch queued more
 
     # -- consumer calls ----------------------------------------------------------------------
 
@@ -273,7 +308,10 @@ class Model:
             return False
         if call.kind == "wait":
             self.sweep()
-            ready = sorted((t for t in self.common.finished.values() if t.deliverable), key=lambda t: t.seq)
+            ready = sorted(
+                (t for t in self.common.finished.values() if t.deliverable),
+                key=lambda t: t.seq,
+            )
             if len(ready) >= call.arg:
                 call.outcome = ("ok", [self._take(t) for t in ready[: call.arg]])
                 return True
@@ -281,7 +319,10 @@ class Model:
         if call.kind == "batch":
             if call.owner.unfinished == 0:
                 self.sweep()
-                call.outcome = ("ok", [tid for t in call.tasks if (tid := self._take(t)) is not None])
+                call.outcome = (
+                    "ok",
+                    [tid for t in call.tasks if (tid := self._take(t)) is not None],
+                )
                 return True
             return self._stalled(call)
         if call.kind == "prepare":
@@ -291,7 +332,9 @@ class Model:
     def _top_up(self, batch_size: int) -> None:
         limit = (self.s + 1) * self.b
         while True:
-            outstanding = sum(1 for t in self.feed_tasks if t.status is None or t.deliverable)
+            outstanding = sum(
+                1 for t in self.feed_tasks if t.status is None or t.deliverable
+            )
             if outstanding >= max(limit, batch_size):
                 return
             kind = self.source[self.source_pos % len(self.source)]
@@ -310,7 +353,10 @@ class Model:
             if kept >= size:
                 for t in chosen:
                     self.feed_tasks.remove(t)
-                call.outcome = ("ok", [tid for t in chosen if (tid := self._take(t)) is not None])
+                call.outcome = (
+                    "ok",
+                    [tid for t in chosen if (tid := self._take(t)) is not None],
+                )
                 return True
         # (a new task was queued above: the dispatcher may start it in this same instant)
         return self._stalled(call)
@@ -326,7 +372,9 @@ class Model:
             call.tasks = [self.enqueue(k, call.owner, is_eval) for k in kinds]
         if call.kind == "prepare":
             self.sweep()
-            in_hand = len(self.feed.finished) + int(self.running is not None and self.running.owner is self.feed)
+            in_hand = len(self.feed.finished) + int(
+                self.running is not None and self.running.owner is self.feed
+            )
             own_queued = sum(1 for t in self.queue if t.owner is self.feed)
             budget = max(0, self.budget_left() - (self.queued_training() - own_queued))
             if in_hand + budget < call.arg:
@@ -346,6 +394,7 @@ class Model:
     def statistics(self) -> dict[str, Any]:
         held = [t for t in self.tasks.values() if t.state == "ended" and t.deliverable]
         return {
+            "running_ids": [] if self.running is None else [self.running.tid],
             "submitted": self.counts["submitted"],
             "queued": len(self.queue),
             "running": int(self.running is not None),

@@ -20,6 +20,10 @@ for minutes (``props/conftest.py``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import sys
+import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -32,7 +36,13 @@ import trio.testing
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from rollout_trio import Trajectory, workflow_context
 from rollout_trio.executor import RolloutConfig, open_executor
@@ -40,6 +50,9 @@ from rollout_trio.testing import ScriptedEngine
 
 from executor_model import DURATION, MCall, Model, MOwner
 
+SETTLE_TIMEOUT = (
+    30.0  # real seconds one step may take to settle (it takes milliseconds)
+)
 KINDS = st.sampled_from(["ok", "ok", "slow", "fail", "none"])
 SOURCE = ["ok", "fail", "ok", "none", "slow", "ok"]
 
@@ -82,12 +95,23 @@ class ExecutorMachine(RuleBasedStateMachine):
         self.delivered: list[int] = []
         self.ex: Any = None
         self.model: Model | None = None
+        self._trio_thread: int | None = None
 
     # -- the executor's Trio run ------------------------------------------------------------
 
-    async def _host(self, config: dict[str, Any], ready: trio.Event, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _host(
+        self,
+        config: dict[str, Any],
+        ready: trio.Event,
+        task_status: Any = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self._trio_thread = threading.get_ident()
         engine = ScriptedEngine()
-        async with engine, open_executor(engine, **config) as ex, trio.open_nursery() as nursery:
+        async with (
+            engine,
+            open_executor(engine, **config) as ex,
+            trio.open_nursery() as nursery,
+        ):
             self.ex, self.nursery = ex, nursery
             self._done = trio.Event()
             task_status.started()
@@ -102,7 +126,21 @@ class ExecutorMachine(RuleBasedStateMachine):
             await trio.testing.wait_all_tasks_blocked()
             return out
 
-        return self.portal.call(step)
+        future = self.portal.start_task_soon(step)
+        try:
+            return future.result(timeout=SETTLE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            frames = (
+                "".join(
+                    traceback.format_stack(sys._current_frames()[self._trio_thread])
+                )
+                if self._trio_thread
+                else ""
+            )
+            raise AssertionError(
+                f"the executor did not settle within {SETTLE_TIMEOUT} s of real time on a clock that stands still: "
+                f"a busy loop. The Trio thread:\n{frames}"
+            ) from None
 
     @initialize(
         batch=st.integers(1, 3),
@@ -110,7 +148,9 @@ class ExecutorMachine(RuleBasedStateMachine):
         queue_size=st.integers(2, 6),
         max_rejections=st.integers(2, 6),
     )
-    def open(self, batch: int, staleness: int, queue_size: int, max_rejections: int) -> None:
+    def open(
+        self, batch: int, staleness: int, queue_size: int, max_rejections: int
+    ) -> None:
         config = {
             "consumer_batch_size": batch,
             "max_head_offpolicyness": staleness,
@@ -119,9 +159,17 @@ class ExecutorMachine(RuleBasedStateMachine):
             "max_consecutive_rejections": max_rejections,
             "stall_warning_s": None,
         }
-        known = {a.name for a in attrs.fields(RolloutConfig)}  # (so that it also runs on an older executor)
+        known = {
+            a.name for a in attrs.fields(RolloutConfig)
+        }  # (so that it also runs on an older executor)
         config = {k: v for k, v in config.items() if k in known}
-        self.model = Model(batch=batch, staleness=staleness, queue_size=queue_size, max_rejections=max_rejections, source=SOURCE)
+        self.model = Model(
+            batch=batch,
+            staleness=staleness,
+            queue_size=queue_size,
+            max_rejections=max_rejections,
+            source=SOURCE,
+        )
         self.portal.start_task(self._host, config, None)
 
     def teardown(self) -> None:
@@ -148,7 +196,10 @@ class ExecutorMachine(RuleBasedStateMachine):
         self.m.settle()
 
     def _no_pool_call(self) -> bool:
-        return not any(c.model.kind in ("wait", "wait_for") and c.model.outcome is None for c in self.calls)
+        return not any(
+            c.model.kind in ("wait", "wait_for") and c.model.outcome is None
+            for c in self.calls
+        )
 
     @precondition(_no_pool_call)
     @rule(data=st.data())
@@ -165,25 +216,46 @@ class ExecutorMachine(RuleBasedStateMachine):
         if not ids:
             return
         tid = data.draw(st.sampled_from(ids), label="task_id")
-        self._start(MCall("wait_for", tid, self.m.common), lambda: self.ex.wait_for_task(tid))
+        self._start(
+            MCall("wait_for", tid, self.m.common), lambda: self.ex.wait_for_task(tid)
+        )
 
     @rule(data=st.data(), is_eval=st.booleans())
     def rollout_batch(self, data: st.DataObject, is_eval: bool) -> None:
-        self.do_rollout_batch(data.draw(st.lists(KINDS, min_size=1, max_size=3 * self.m.q), label="kinds"), is_eval)
+        self.do_rollout_batch(
+            data.draw(
+                st.lists(KINDS, min_size=1, max_size=3 * self.m.q), label="kinds"
+            ),
+            is_eval,
+        )
 
     def do_rollout_batch(self, kinds: list[str], is_eval: bool) -> None:
         self._start(
             MCall("batch", (kinds, is_eval), MOwner("batch")),
-            lambda: self.ex.rollout_batch(kinds, workflow, is_eval=is_eval, progress=False),
+            lambda: self.ex.rollout_batch(
+                kinds, workflow, is_eval=is_eval, progress=False
+            ),
         )
 
-    @precondition(lambda self: not any(c.model.kind == "prepare" and c.model.outcome is None for c in self.calls))
+    @precondition(
+        lambda self: (
+            not any(
+                c.model.kind == "prepare" and c.model.outcome is None
+                for c in self.calls
+            )
+        )
+    )
     @rule(data=st.data())
     def prepare_batch(self, data: st.DataObject) -> None:
         self.do_prepare_batch(data.draw(st.integers(1, self.m.q), label="batch_size"))
 
     def do_prepare_batch(self, size: int) -> None:
-        self._start(MCall("prepare", size, self.m.feed), lambda: self.ex.prepare_batch(SOURCE, workflow, batch_size=size, progress=False))
+        self._start(
+            MCall("prepare", size, self.m.feed),
+            lambda: self.ex.prepare_batch(
+                SOURCE, workflow, batch_size=size, progress=False
+            ),
+        )
 
     @rule()
     def pause(self) -> None:
@@ -208,7 +280,11 @@ class ExecutorMachine(RuleBasedStateMachine):
     def cancel_task(self, data: st.DataObject) -> None:
         if not self.m.tasks:
             return
-        tid = data.draw(st.sampled_from(sorted(self.m.tasks)), label="task_id")
+        self.do_cancel_task(
+            data.draw(st.sampled_from(sorted(self.m.tasks)), label="task_id")
+        )
+
+    def do_cancel_task(self, tid: int) -> None:
         real = self._run(lambda: self.ex.cancel(tid))
         assert real == self.m.cancel_task(tid)
         self.m.settle()
@@ -260,8 +336,12 @@ class ExecutorMachine(RuleBasedStateMachine):
 
     def _real_statistics(self) -> dict[str, Any]:
         s = self.portal.call(lambda: self.ex.statistics())
+        running = self.portal.call(
+            lambda: sorted(t.task_id for t in self.ex._admission.running)
+        )
         assert s.balanced(), s
         return {
+            "running_ids": running,
             "submitted": s.submitted,
             "queued": s.queued,
             "running": s.running,
@@ -283,7 +363,12 @@ class ExecutorMachine(RuleBasedStateMachine):
     @invariant()
     def every_call_is_where_the_model_says(self) -> None:
         for call in self.calls:
-            assert call.outcome == call.model.outcome, (call.model.kind, call.model.arg, call.outcome, call.model.outcome)
+            assert call.outcome == call.model.outcome, (
+                call.model.kind,
+                call.model.arg,
+                call.outcome,
+                call.model.outcome,
+            )
 
     @invariant()
     def nothing_is_delivered_twice(self) -> None:
@@ -297,7 +382,11 @@ class ExecutorMachine(RuleBasedStateMachine):
         if self.m.paused:
             self.resume()
         for _ in range(200):
-            if not (self.m.queue or self.m.running or any(c.outcome is None for c in self.calls)):
+            if not (
+                self.m.queue
+                or self.m.running
+                or any(c.outcome is None for c in self.calls)
+            ):
                 break
             if self.m.queue and self.m.budget_left() <= 0:
                 self.set_version()
@@ -312,14 +401,18 @@ class ExecutorMachine(RuleBasedStateMachine):
         assert all(t.owner is self.m.common for t in self.m.queue), self.m.queue
         assert not self.m.queue or self.m.pool() >= self.m.q
         for call in self.calls:
-            if call.outcome is None and call.model.kind == "wait_for":  # its task waits for room in the pool
+            if (
+                call.outcome is None and call.model.kind == "wait_for"
+            ):  # its task waits for room in the pool
                 assert self.m.tasks[call.model.arg].state == "queued"
             else:
                 assert call.outcome is not None or call.model.kind == "wait", call.model
         self.nothing_is_delivered_twice()
 
 
-ExecutorMachine.TestCase.settings = settings(deadline=None)  # the profile's examples and steps
+ExecutorMachine.TestCase.settings = settings(
+    deadline=None
+)  # the profile's examples and steps
 test_executor_machine_agrees_with_its_model = ExecutorMachine.TestCase
 
 
@@ -344,11 +437,13 @@ def replay(config: dict[str, int], steps: list[tuple[str, Any]]) -> ExecutorMach
 REGRESSIONS = {
     "an eval rollout_batch longer than queue_size": (
         {"batch": 1, "staleness": 0, "queue_size": 2, "max_rejections": 6},
-        [("do_rollout_batch", (["ok"] * 6, True)), ("time_passes", (5.0,))] + [("time_passes", (1.0,))] * 6,
+        [("do_rollout_batch", (["ok"] * 6, True)), ("time_passes", (5.0,))]
+        + [("time_passes", (1.0,))] * 6,
     ),
     "wait while every submitted episode fails": (
         {"batch": 1, "staleness": 0, "queue_size": 2, "max_rejections": 2},
-        [("do_wait", (1,)), ("submit", ("fail", False)), ("submit", ("fail", False))] + [("time_passes", (1.0,))] * 3,
+        [("do_wait", (1,)), ("submit", ("fail", False)), ("submit", ("fail", False))]
+        + [("time_passes", (1.0,))] * 3,
     ),
     "prepare_batch behind a queued submit that takes the budget": (
         {"batch": 1, "staleness": 2, "queue_size": 3, "max_rejections": 2},
@@ -357,6 +452,72 @@ REGRESSIONS = {
     "a training batch behind prepare_batch's queued work": (
         {"batch": 1, "staleness": 1, "queue_size": 2, "max_rejections": 2},
         [("do_prepare_batch", (1,)), ("do_rollout_batch", (["ok"], False))],
+    ),
+    # Found by the long profile: whether a freed pool slot went to the common task queued
+    # first or to a later batch task depended on which of the two Trio ran first.
+    "a wait freeing the pool as a task ends, then a start": (
+        {"batch": 1, "staleness": 0, "max_rejections": 5, "queue_size": 3},
+        [
+            ("time_passes", (0.5,)),
+            ("do_wait", (3,)),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("set_version", ()),
+            ("do_rollout_batch", (["ok", "ok", "ok", "ok", "ok", "ok", "ok"], True)),
+            ("pause", ()),
+            ("submit", ("ok", True)),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("do_rollout_batch", (["ok"], False)),
+            ("set_version", ()),
+            ("set_version", ()),
+            ("resume", ()),
+            ("pause", ()),
+            ("do_prepare_batch", (2,)),
+            ("set_version", ()),
+            ("time_passes", (5.0,)),
+            ("pause", ()),
+            ("pause", ()),
+            ("pause", ()),
+            ("do_rollout_batch", (["ok", "ok", "ok", "slow"], True)),
+            ("set_version", ()),
+            ("time_passes", (3.0,)),
+            ("resume", ()),
+            ("time_passes", (1.0,)),
+            ("submit", ("ok", True)),
+            ("resume", ()),
+            ("resume", ()),
+            ("do_rollout_batch", (["ok"], True)),
+            ("resume", ()),
+            ("set_version", ()),
+            ("submit", ("slow", True)),
+            ("time_passes", (1.0,)),
+            ("submit", ("ok", False)),
+            ("do_cancel_task", (9,)),
+            ("set_version", ()),
+            ("submit", ("none", False)),
+            ("time_passes", (3.0,)),
+            ("pause", ()),
+            ("submit", ("fail", True)),
+            ("resume", ()),
+            ("resume", ()),
+            ("submit", ("slow", False)),
+            ("set_version", ()),
+            ("do_rollout_batch", (["ok", "fail"], True)),
+            ("pause", ()),
+            ("do_rollout_batch", (["fail", "ok", "none", "slow"], True)),
+            ("time_passes", (5.0,)),
+        ],
     ),
     "prepare_batch whose source fails twice in a row": (
         {"batch": 1, "staleness": 2, "queue_size": 3, "max_rejections": 2},
@@ -370,10 +531,14 @@ def test_the_machines_regressions_agree_with_the_model(name: str) -> None:
     """Invariant: the shrunk sequences that hung or under-refused on main behave as the model says."""
     config, steps = REGRESSIONS[name]
     machine = replay(config, steps)
-    assert all(c.outcome is not None for c in machine.calls), [(c.model.kind, c.outcome) for c in machine.calls]
+    assert all(c.outcome is not None for c in machine.calls), [
+        (c.model.kind, c.outcome) for c in machine.calls
+    ]
 
 
 @pytest.fixture(autouse=True)
 def _quiet(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    caplog.set_level("CRITICAL", logger="rollout_trio.executor")  # every injected failure logs
+    caplog.set_level(
+        "CRITICAL", logger="rollout_trio.executor"
+    )  # every injected failure logs
     yield

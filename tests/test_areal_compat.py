@@ -214,3 +214,67 @@ def test_run_command_names_a_directory_without_arealss_sources(tmp_path, capsys)
 
     assert main(["run", "--areal-compat", str(tmp_path)]) != 0
     assert "rlvr.py" in capsys.readouterr().err
+
+
+AREAL_CLIENT_WORKFLOW = '''
+from areal.api.workflow_api import RolloutWorkflow
+from areal.experimental.openai import ArealOpenAI
+
+
+class OneCallAgent(RolloutWorkflow):
+    """Written as AReaL's docs write an ArealOpenAI workflow."""
+
+    def __init__(self, tokenizer, turns=2):
+        self.tokenizer = tokenizer
+        self.turns = turns
+
+    async def arun_episode(self, engine, data):
+        client = ArealOpenAI(engine=engine, tokenizer=self.tokenizer, chat_template_type="concat")
+        messages = list(data["messages"])
+        for turn in range(self.turns):
+            comp = await client.chat.completions.create(messages=messages, max_completion_tokens=4, temperature=1.0, store=True)
+            seen = client.get_interaction(comp.id)
+            assert isinstance(seen.model_response.output_tokens, list)  # AReaL's list-typed response
+            client.set_reward(comp.id, float(len(seen.model_response.output_tokens)))
+            messages += [{"role": "assistant", "content": comp.choices[0].message.content or ""},
+                         {"role": "user", "content": "again"}]
+        client.apply_reward_discount(turn_discount=0.5)
+        return client.export_interactions(style="concat")
+'''
+
+
+async def test_an_arealopenai_workflow_runs_single_and_grouped_with_its_rows_checked(hook, model_and_tokenizer, tmp_path):
+    """ArealOpenAI was a typed error: its chat.completions, get_interaction, set_reward,
+    apply_reward_discount and export_interactions now run over the agent endpoint."""
+    from rollout_trio.executor import open_executor
+
+    model, tok = model_and_tokenizer
+    (tmp_path / "areal_client_wf.py").write_text(AREAL_CLIENT_WORKFLOW)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        wf = importlib.import_module("areal_client_wf").OneCallAgent(tok)
+    finally:
+        sys.path.remove(str(tmp_path))
+    async with LocalEngine(model, tok) as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        single = await ex.rollout_batch([DATA], wf)
+        grouped = await ex.rollout_batch([DATA], wf, group_size=3)
+    (one,) = single
+    assert check_trajectory_format(one.to_dict(), batch_size=1)  # concat: the leaf of the conversation is one row
+    (group,) = grouped
+    assert check_trajectory_format(group.to_dict(), batch_size=3)
+
+
+async def test_arealopenai_refuses_what_it_does_not_serve(hook, model_and_tokenizer):
+    from areal.experimental.openai import ArealOpenAI
+
+    model, tok = model_and_tokenizer
+    async with LocalEngine(model, tok) as engine:
+        with pytest.raises(compat.ArealCompatError, match="lora_name"):
+            ArealOpenAI(engine=engine, tokenizer=tok, lora_name="adapter")
+        with pytest.raises(compat.ArealCompatError, match="tool_call_parser"):
+            ArealOpenAI(engine=engine, tokenizer=tok, tool_call_parser="hermes")
+        client = ArealOpenAI(engine=engine, tokenizer=tok)
+        with pytest.raises(KeyError, match="not found"):
+            client.set_reward("chatcmpl-missing", 1.0)
+        with pytest.raises(RuntimeError, match="No interaction"):
+            client.set_last_reward(1.0)

@@ -107,7 +107,11 @@ async def test_rlvr_is_truncated_and_stats_and_a_configured_reward_function():
     with workflow_context.use_stats_recorder(recorder), workflow_context.use(workflow_context.WorkflowContext(is_eval=True)):
         traj = await wf.arun_episode(engine, DATA)
     assert traj.is_truncated.tolist() == [True]
-    assert recorder.export() == {"eval-rollout/reward": 0.5}
+    stats = recorder.export()
+    assert stats.pop("eval-rollout/reward") == 0.5
+    # each phase's wall time, under the eval scope (issue 28: phases reach the stats)
+    assert set(stats) == {"eval-rollout/phase/generate_seconds", "eval-rollout/phase/reward_seconds"}
+    assert all(v >= 0 for v in stats.values())
 
 
 async def test_rlvr_with_the_real_tiny_engine_and_tokenizer():

@@ -284,3 +284,24 @@ async def test_drop_stale_false_keeps_old_results_as_areal_does(autojump_clock: 
                 assert got == [] and s.stale == 1 and s.stale_tokens == 2
             else:
                 assert len(got) == 1 and s.stale == 0
+
+
+async def test_a_stalled_call_shows_in_the_metrics_and_top_until_it_progresses(autojump_clock: trio.testing.MockClock) -> None:
+    from prometheus_client import generate_latest
+
+    from rollout_trio.observe import ExecutorMetrics
+    from rollout_trio.observe._snapshot import snapshot_from_text
+
+    metrics = ExecutorMetrics()
+
+    def stalled() -> Any:
+        return dict(snapshot_from_text(generate_latest(metrics.registry).decode(), "test")["counts"])["stalled calls"]
+
+    async with ScriptedEngine() as engine, open_executor(engine, stall_warning_s=10.0, observers=[metrics]) as ex:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.wait, 1)
+            await trio.sleep(11)
+            assert stalled() == 1
+            ex.submit(0, workflow)
+            await trio.testing.wait_all_tasks_blocked()
+        assert stalled() == 0

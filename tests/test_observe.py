@@ -361,3 +361,25 @@ def test_window_rate_counts_each_series_over_the_window_and_forgets_what_left_it
     assert rate.per_second() == 0.0 and rate.per_second(1) == 0.0
     with pytest.raises(ValueError, match="WindowRate.window"):
         WindowRate(0.0)
+
+
+def test_run_traces_each_phase_and_exports_its_seconds(tmp_path: Path) -> None:
+    """Issue 28: the built-in workflow's phases ("generate", "reward") reach the --trace file
+    as slices on their slot's track."""
+    import json
+    import subprocess
+    import sys
+
+    trace = tmp_path / "trace.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "2", "--group-size", "2", "--max-new-tokens", "2",
+         "--trace", str(trace), "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    phases = [e for e in events if e.get("cat") == "phase"]
+    assert {e["name"] for e in phases} == {"generate", "reward"}
+    assert len(phases) == 2 * 2 * 2  # two phases for each of 2 prompts x 2 slots
+    assert all(e["dur"] >= 0 and e["args"]["status"] == "ok" for e in phases)
+    assert "phase/generate_seconds" in done.stdout  # and in the run's group statistics

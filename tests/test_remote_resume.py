@@ -5,6 +5,7 @@ Real HTTP servers on loopback (``FakeServer``), the real ``RemoteEngine`` and ex
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -107,3 +108,52 @@ async def test_a_server_that_stops_answering_mid_read_and_fails_its_health_check
                     assert resp.output_tokens == (7, 8)
                 assert {s.base_url: s.up for s in eng.servers}[f"http://{a.address}"] is False
             nursery.cancel_scope.cancel()
+
+
+async def test_the_stall_warning_names_the_servers_out_of_service(caplog: pytest.LogCaptureFixture) -> None:
+    stalled = trio.Event()
+    said: list[str] = []
+
+    class Watcher:
+        def call_stalled(self, call: str, waiting_on: str, waited: float) -> None:
+            said.append(waiting_on)
+            stalled.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, good)
+            b = await start(nursery, refuses_resume)
+            async with engine(a, b) as eng, open_executor(eng, stall_warning_s=0.05, observers=[Watcher()]) as ex:
+                await ex.pause()
+                await ex.resume()  # b is out of service now
+                await ex.pause()
+                async with trio.open_nursery() as calls:
+                    calls.start_soon(partial(ex.rollout_batch, range(2), workflow, is_eval=True))
+                    await stalled.wait()
+                    calls.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    assert "paused" in said[0] and "1 of 2 servers out of service" in said[0], said
+
+
+async def test_a_stall_warning_on_an_unpaused_fleet_counts_its_down_servers() -> None:
+    stalled = trio.Event()
+    said: list[str] = []
+
+    class Watcher:
+        def call_stalled(self, call: str, waiting_on: str, waited: float) -> None:
+            said.append(waiting_on)
+            stalled.set()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, good)
+            b = await start(nursery, refuses_resume)
+            async with engine(a, b) as eng, open_executor(eng, stall_warning_s=0.05, observers=[Watcher()]) as ex:
+                await ex.pause()
+                await ex.resume()  # b is out of service now
+                async with trio.open_nursery() as calls:
+                    calls.start_soon(ex.wait, 1)  # nothing submitted: it waits on a submit
+                    await stalled.wait()
+                    calls.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    assert "1 of 2 servers out of service" in said[0], said

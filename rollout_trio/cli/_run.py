@@ -235,13 +235,20 @@ async def _run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise CommandError(f"--metrics-port {args.metrics_port}: cannot listen: {exc}") from exc
             observers.append(metrics)
+            from ..phases import phase_metrics, remove_phase_listener
+
+            stack.callback(remove_phase_listener, phase_metrics(metrics.registry))  # rollout_trio_phase_seconds
             print(f"rollout-trio run: metrics at {url}/metrics, live page at {url}/live", file=sys.stderr, flush=True)
         recorder = None
         if args.trace is not None:
             from ..observe import TraceRecorder
 
+            from ..phases import add_phase_listener, remove_phase_listener
+
             recorder = TraceRecorder()
             observers.append(recorder)
+            add_phase_listener(recorder.phase)  # each traced phase as a slice on its slot's track
+            stack.callback(remove_phase_listener, recorder.phase)
             stack.callback(_write_trace, recorder, args.trace)  # written however the run ends
         with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
             engine = await trio.to_thread.run_sync(_build_engine, args)

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import cattrs
 
+from .._bounded import read_text_file
 from .._convert import converter
 from .._validate import is_int, is_real
 
@@ -183,11 +184,12 @@ class RolloutConfig:
         (an alias bomb would expand without bound), and values keep their own types.
 
         Raises:
-            ValueError: naming the file for a file that does not parse, else as :meth:`from_dict`.
+            OSError: the file cannot be opened.
+            ValueError: naming the file, for one that is not a regular file, is over
+                ``MAX_CONFIG_BYTES``, is not UTF-8 or does not parse; else as :meth:`from_dict`.
         """
         path = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text_file(path)  # a regular file, size-bounded, UTF-8 (never a FIFO or /dev/zero)
         try:
             data = _load_yaml(text, path) if path.endswith((".yaml", ".yml")) else json.loads(text)
         except RecursionError:

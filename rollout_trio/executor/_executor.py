@@ -279,7 +279,13 @@ class RolloutExecutor(ConsumerCalls):
         return self._admission.paused
 
     def _waiting_on(self) -> str:
-        return self._admission.waiting_on(self.get_version())
+        text = self._admission.waiting_on(self.get_version())
+        servers = getattr(self.engine, "servers", None)  # a RemoteEngine's fleet
+        if isinstance(servers, list) and servers:
+            down = sum(1 for s in servers if not getattr(s, "up", True))
+            if down:
+                text += f", {down} of {len(servers)} servers out of service"
+        return text
 
     # -- submission ----------------------------------------------------------------------
 
@@ -480,6 +486,9 @@ class RolloutExecutor(ConsumerCalls):
                     await self._lot.park()
             else:
                 await self._lot.park()
+            # Let the consumer calls woken with it take their results first (each takes in
+            # one step): what starts next then never depends on which task Trio ran first.
+            await trio.lowlevel.checkpoint()
 
     async def _run(self, task: Task) -> None:
         scope = task.scope

@@ -176,6 +176,7 @@ class ExecutorMetrics:
         self._submitted = 0
         self._finished: dict[str, int] = dict.fromkeys(_STATUSES, 0)  # all present at 0 from the start
         self._buffered = 0
+        self._stalled = 0  # consumer calls past stall_warning_s
         self._consumed = 0
         self._episodes = 0
         self._tokens = 0
@@ -240,6 +241,12 @@ class ExecutorMetrics:
         lags[lag] = lags.get(lag, 0) + 1
         self._version = version
 
+    def call_stalled(self, call: str, waiting_on: str, waited: float) -> None:
+        self._stalled += 1
+
+    def call_unstalled(self, call: str) -> None:
+        self._stalled -= 1
+
     # -- scrape time -----------------------------------------------------------------------
 
     def _families(self, describe: bool = False) -> Iterator[Metric]:
@@ -265,6 +272,9 @@ class ExecutorMetrics:
         yield one(gauge, "rollout_trio_tasks_queued", "Tasks waiting for capacity", len(self._queued))
         yield one(gauge, "rollout_trio_tasks_running", "Tasks whose workflow runs", len(self._started))
         yield one(gauge, "rollout_trio_tasks_buffered", "Accepted tasks no trainer call took yet", self._buffered)
+        yield one(
+            gauge, "rollout_trio_calls_stalled", "Consumer calls waiting past stall_warning_s without progress", self._stalled
+        )
         yield one(counter, "rollout_trio_tasks_consumed", "Accepted tasks a trainer call took", self._consumed)
         yield one(counter, "rollout_trio_episodes", "Episodes (trajectory rows) accepted", self._episodes)
         yield one(counter, "rollout_trio_tokens", "Generated tokens in accepted episodes", self._tokens)

@@ -38,6 +38,7 @@ COUNTS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("failed", "rollout_trio_tasks_finished_total", {"status": "failed"}),
     ("cancelled", "rollout_trio_tasks_finished_total", {"status": "cancelled"}),
     ("buffered", "rollout_trio_tasks_buffered", {}),
+    ("stalled calls", "rollout_trio_calls_stalled", {}),
     ("consumed", "rollout_trio_tasks_consumed_total", {}),
     ("episodes", "rollout_trio_episodes_total", {}),
     ("tokens", "rollout_trio_tokens_total", {}),

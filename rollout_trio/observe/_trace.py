@@ -23,6 +23,7 @@ from ..workflow_context import get as _current_context
 from .._io import ModelRequest, ModelResponse
 from ..engines._protocol import InferenceEngine, WeightsSource
 from ..executor._observer import Status
+from ..phases import PhaseRecord
 from ._metrics import result_size
 
 __all__ = ["TraceRecorder", "TracedEngine", "open_trace"]
@@ -31,7 +32,7 @@ _PID = 1
 _SLOTS = 1000  # track ids: task * _SLOTS for the task, + 1 + slot for a slot's generations
 
 
-_QUEUED, _STARTED, _FINISHED, _CONSUMED, _GENERATION = range(5)
+_QUEUED, _STARTED, _FINISHED, _CONSUMED, _GENERATION, _PHASE = range(6)
 
 
 class TraceRecorder:
@@ -91,6 +92,18 @@ class TraceRecorder:
                  len(response.output_tokens), response.stop_reason, tuple(sorted(set(response.output_versions))))
             )  # fmt: skip
 
+    # -- workflow phases (a listener of rollout_trio.phases) -----------------------------------
+
+    def phase(self, record: PhaseRecord) -> None:
+        """Record one traced phase that just ended (``add_phase_listener(recorder.phase)``)."""
+        try:
+            end = trio.current_time()
+        except RuntimeError:  # a sync phase that ran in a worker thread: no Trio clock there
+            return
+        self._log.append(
+            (_PHASE, record.task_id, record.sample_idx, end - record.seconds, end, record.phase, record.status, record.session)
+        )
+
     # -- formatting (when the events are read) -----------------------------------------------
 
     def _format(self) -> None:
@@ -106,6 +119,8 @@ class TraceRecorder:
                 self._format_finished(*entry[1:])
             elif kind == _CONSUMED:
                 self._format_consumed(*entry[1:])
+            elif kind == _PHASE:
+                self._format_phase(*entry[1:])
             else:
                 self._format_generation(*entry[1:])
 
@@ -175,6 +190,16 @@ class TraceRecorder:
             "generate", tid, start, end, "generation",
             input_tokens=input_tokens, output_tokens=output_tokens, stop_reason=stop_reason, versions=list(versions),
         )  # fmt: skip
+
+    def _format_phase(
+        self, task_id: int | None, sample_idx: int | None, start: float, end: float, name: str, status: str,
+        session: int | None,
+    ) -> None:  # fmt: skip
+        task = task_id if task_id is not None else -1
+        slot = sample_idx or 0
+        tid = task * _SLOTS + 1 + slot
+        self._track(tid, f"task {task} slot {slot}", tid)
+        self._slice(name, tid, start, end, "phase", status=status, session=session)
 
     def trace(self) -> dict[str, Any]:
         """The Chrome trace object (``{"traceEvents": [...]}``)."""

@@ -15,6 +15,7 @@ import trio
 from .. import workflow_context
 from .._config import GenerationConfig
 from .._io import ModelRequest
+from ..phases import phase
 from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow
 from ._common import as_reward_function, default_data_extract_prompt, default_get_input_ids, load_tokenizer, prompt_ids, resolve_callable
@@ -67,9 +68,11 @@ def rlvr_workflow(
 
     async def workflow(engine: InferenceEngine, data: Mapping[str, Any]) -> Trajectory:
         ids = await prompt_ids(data["messages"])
-        resp = await engine.agenerate(ModelRequest(input_ids=ids, gconfig=config, tokenizer=tokenizer))
+        async with phase("generate"):
+            resp = await engine.agenerate(ModelRequest(input_ids=ids, gconfig=config, tokenizer=tokenizer))
         text = tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
-        reward = await trio.to_thread.run_sync(reward_fn, text, data, limiter=limiter)
+        async with phase("reward"):
+            reward = await trio.to_thread.run_sync(reward_fn, text, data, limiter=limiter)
         return Trajectory.from_response(resp, reward)
 
     workflow.__qualname__ = f"rlvr_workflow({getattr(reward_fn, '__name__', 'reward')})"
@@ -120,10 +123,12 @@ class RLVRWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory:
         prompt = self.data_extract_prompt_fn(data)
         ids = await prompt_ids(lambda: self.get_input_ids_fn(prompt, self.tokenizer, self.enable_thinking), prompt)
-        resp = await engine.agenerate(ModelRequest(input_ids=ids, gconfig=self.gconfig, tokenizer=self.tokenizer))
+        async with phase("generate"):
+            resp = await engine.agenerate(ModelRequest(input_ids=ids, gconfig=self.gconfig, tokenizer=self.tokenizer))
         prompt_str = self.tokenizer.decode(list(resp.input_tokens))
         completion_str = self.tokenizer.decode(list(resp.output_tokens))
-        reward = await self.reward(prompt_str, completion_str, list(resp.input_tokens), list(resp.output_tokens), **data)
+        async with phase("reward"):
+            reward = await self.reward(prompt_str, completion_str, list(resp.input_tokens), list(resp.output_tokens), **data)
         workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": float(reward)})
         turn_ids = torch.tensor([[-1] * resp.input_len + [0] * resp.output_len], dtype=torch.int32)
         return Trajectory.from_response(resp, reward, turn_ids=turn_ids)
