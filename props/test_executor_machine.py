@@ -381,7 +381,9 @@ class ExecutorMachine(RuleBasedStateMachine):
     def _bring_to_rest(self) -> None:
         if self.m.paused:
             self.resume()
-        for _ in range(200):
+        # Each task lasts at most 5 s, so one 5 s step per task ever made is enough for
+        # everything that can finish to finish (a long sequence makes hundreds).
+        for _ in range(200 + 2 * self.m.order):
             if not (
                 self.m.queue
                 or self.m.running
@@ -518,6 +520,12 @@ REGRESSIONS = {
             ("do_rollout_batch", (["fail", "ok", "none", "slow"], True)),
             ("time_passes", (5.0,)),
         ],
+    ),
+    # Found by the long profile on 471d3eb: 39 batches queued more than 1000 s of work, and
+    # the teardown's fixed 200 steps of 5 s left one running (a bound of the harness).
+    "more queued work than a fixed teardown drains": (
+        {"batch": 3, "staleness": 0, "queue_size": 4, "max_rejections": 6},
+        [("do_rollout_batch", (["slow"] * 12, True))] * 20,
     ),
     "prepare_batch whose source fails twice in a row": (
         {"batch": 1, "staleness": 2, "queue_size": 3, "max_rejections": 2},

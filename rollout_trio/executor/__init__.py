@@ -12,7 +12,7 @@ from ._dump import TrajectoryDumper as TrajectoryDumper
 from ._dump import read_dump as read_dump
 from ._executor import ExecutorFailed as ExecutorFailed
 from ._liveness import ExecutorStalled as ExecutorStalled
-from ._executor import ExecutorStatistics as ExecutorStatistics
+from ._statistics import ExecutorStatistics as ExecutorStatistics
 from ._executor import RolloutExecutor as RolloutExecutor
 from ._executor import TaskOutcome as TaskOutcome
 from ._executor import open_executor as open_executor

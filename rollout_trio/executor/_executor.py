@@ -35,24 +35,23 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from .. import workflow_context
-from .._errors import RewardValueError, RolloutError, WorkflowContractError
+from .._errors import RolloutError
 from .._group import GroupedRolloutWorkflow
-from .._interaction import Interaction, interactions_to_trajectory
 from .._stats import StatsRecorder
-from .._check import check_trajectory_format
-from .._trajectory import Trajectory
 from .._workflow import RolloutWorkflow, resolve_workflow
 from ._config import RolloutConfig
 from ._admission import Admission
 from ._consumers import ConsumerCalls
+from ._control import Control
+from ._episode import EpisodeRunner
 from ._feed import PrepareFeed
 from ._liveness import ExecutorStalled, StallWatch
 from ._observer import ExecutorObserver, bind, bind_optional, emit, oldest_version
 from ._staleness import StalenessManager
+from ._statistics import ExecutorStatistics
 from ._store import AcceptFn as AcceptFn  # the facade imports it from here
 from ._store import Callback, Owner, Status, Task, TaskOutcome, TaskStore
 from ._store import Result as Result  # the facade imports it from here
@@ -70,66 +69,9 @@ class ExecutorFailed(RolloutError):
     """The executor stopped on an error (its ``__cause__``); every later call raises this."""
 
 
-@attrs.frozen(kw_only=True)
-class ExecutorStatistics:
-    """A snapshot of the executor (see the module docstring for the invariant).
-
-    ``accepted`` counts trajectories handed to the trainer; ``buffered`` those waiting
-    for the call that owns them; ``stale`` those dropped for exceeding the staleness
-    bound before any call took them; ``discarded`` evaluation results of cancelled
-    ``rollout_batch`` calls. ``capacity`` is the staleness manager's;
-    ``oldest_buffered_version`` is the oldest token version of any buffered result
-    (its start version when it has none; None when nothing is buffered).
-    ``stale_tokens`` counts the generated tokens of the ``stale`` results (the cost of the
-    per-trajectory bound: work generated, then not used); ``stalled_calls`` the consumer
-    calls waiting past ``stall_warning_s`` without progress, by call.
-    """
-
-    submitted: int
-    queued: int
-    running: int
-    buffered: int
-    accepted: int
-    rejected: int
-    rejected_by_reason: Mapping[str, int]
-    failed: int
-    failed_by_reason: Mapping[str, int]
-    cancelled: int
-    version: int
-    capacity: int
-    oldest_buffered_version: int | None
-    paused: bool
-    stale: int = 0
-    discarded: int = 0
-    stale_tokens: int = 0
-    stalled_calls: Mapping[str, int] = attrs.field(factory=dict)
-
-    def balanced(self) -> bool:
-        """Whether every submitted task is accounted for exactly once."""
-        return self.submitted == (
-            self.accepted + self.rejected + self.failed + self.cancelled + self.stale + self.discarded
-            + self.queued + self.running + self.buffered
-        )
-
-
 def _current_seed() -> int | None:
     """The caller's :func:`workflow_context.use_seed` (None outside one)."""
     return workflow_context._seed.get()
-
-
-def _split_errors(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
-    """(the contract errors in ``exc`` that stop the executor, the bad reward values in it)."""
-    if isinstance(exc, RewardValueError):
-        return None, exc
-    if isinstance(exc, WorkflowContractError):
-        return exc, None
-    if isinstance(exc, BaseExceptionGroup):
-        contract, _ = exc.split(WorkflowContractError)
-        if contract is None:
-            return None, None
-        reward, rest = contract.split(RewardValueError)
-        return rest, reward
-    return None, None
 
 
 class _TrainerVersion:
@@ -146,7 +88,7 @@ class _TrainerVersion:
         return max(self.engine.get_version(), self.announced)
 
 
-class RolloutExecutor(ConsumerCalls):
+class RolloutExecutor(ConsumerCalls, Control, EpisodeRunner):
     """Submits rollouts under a staleness bound and hands accepted trajectories to a trainer.
 
     Made by :func:`open_executor`; not constructed directly. The consumer calls (``wait``,
@@ -397,56 +339,6 @@ class RolloutExecutor(ConsumerCalls):
         self._conclude(task, "cancelled", "cancelled", None)
         return True
 
-    # -- pause, versions ------------------------------------------------------------------
-
-    async def pause(self) -> None:
-        """Start nothing new and interrupt in-flight generation (the engine's pause).
-
-        Submissions are still queued and finished results still delivered. Pause and
-        :meth:`resume` run one at a time, so a resume never overtakes a pause still
-        reaching the servers.
-        """
-        self._check()
-        async with self._control:
-            self._admission.paused = True  # before the engine: nothing new starts while it pauses
-            await self.engine.pause()
-        self._notify()
-
-    async def resume(self) -> None:
-        """Undo :meth:`pause` (after any pause still in progress has finished).
-
-        The executor resumes even when the engine's resume raises (the error is raised
-        after): a server that refuses cannot keep the executor paused.
-        """
-        self._check()
-        async with self._control:
-            try:
-                await self.engine.resume()
-            finally:
-                self._admission.paused = False
-                self._notify()
-
-    def set_version(self, version: int) -> None:
-        """Tell the executor (and a client-versioned engine) the trainer's version.
-
-        The executor's budget and staleness bound use it at once. Engines whose servers
-        own their version (``RemoteEngine``: only ``update_weights`` changes a server)
-        keep their own: a version announced before the servers have it fails no task.
-        """
-        self._check()
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise TypeError(f"version: must be an int, got {version!r}")
-        self._version.announced = version
-        if not getattr(self.engine, "servers_own_version", False):
-            self.engine.set_version(version)
-        self._notify()
-
-    def on_version_recovered(self, version: int) -> None:
-        """After a checkpoint resume at ``version``: no burst of ``version`` batches of budget."""
-        self._check()
-        self.staleness.on_version_recovered(version)
-        self._notify()
-
     # -- the dispatcher and the tasks -------------------------------------------------------
 
     async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -489,97 +381,6 @@ class RolloutExecutor(ConsumerCalls):
             # Let the consumer calls woken with it take their results first (each takes in
             # one step): what starts next then never depends on which task Trio ran first.
             await trio.lowlevel.checkpoint()
-
-    async def _run(self, task: Task) -> None:
-        scope = task.scope
-        assert scope is not None
-        task.start_time = trio.current_time()
-        task.start_version = self.get_version()
-        if self._observers:
-            emit(self._on_started, "task_started", task.task_id, version=task.start_version, time=task.start_time)
-        if self.config.episode_timeout is not None:
-            scope.deadline = task.start_time + self.config.episode_timeout
-        outcome: tuple[Status, str | None, Result | None] | None = None
-        try:
-            try:
-                with scope:
-                    outcome = await self._episode(task)
-            except Exception as exc:  # what is left of a group once the scope took its Cancelled leaves
-                outcome = self._on_error(task, exc)
-            if outcome is None and scope.cancelled_caught and not task.cancel_requested and self._failure is None:
-                # Only a task that ended with nothing else to say timed out: a workflow
-                # error raised as the deadline passed keeps its own reason.
-                outcome = ("failed", "timeout", None)
-                logger.warning("Task %d ran past its episode_timeout of %s s.", task.task_id, self.config.episode_timeout)
-        except BaseExceptionGroup as group:
-            # Outer cancellation mixed with real errors: record the errors, let the Cancelled through.
-            cancelled, rest = group.split(trio.Cancelled)
-            if rest is not None:
-                outcome = self._on_error(task, rest)
-            if cancelled is not None:
-                raise cancelled from None
-        finally:
-            status, reason, result = outcome if outcome is not None else ("cancelled", "cancelled", None)
-            self._admission.ended(task, status == "accepted")
-            self._conclude(task, status, reason, result)
-
-    def _on_error(self, task: Task, exc: BaseException) -> tuple[Status, str | None, Result | None]:
-        contract, reward = _split_errors(exc)
-        if contract is not None:
-            self._fail(contract)
-            return ("failed", "contract_error", None)
-        if reward is not None:
-            logger.warning("Task %d: rejected for a bad reward value: %s", task.task_id, reward)
-            return ("rejected", "invalid_reward", None)
-        if self.config.on_workflow_error == "raise":
-            self._fail(exc)
-        logger.error("Task %d: workflow failed; the task is counted as failed.", task.task_id, exc_info=exc)
-        return ("failed", "workflow_exception", None)
-
-    async def _episode(self, task: Task) -> tuple[Status, str | None, Result | None]:
-        ctx = workflow_context.WorkflowContext(is_eval=task.is_eval, task_id=task.task_id)
-        try:
-            with (
-                workflow_context.use(ctx),
-                workflow_context.use_stats_recorder(self.stats),
-                workflow_context.use_seed(task.seed) if task.seed is not None else nullcontext(),
-            ):
-                raw = await task.workflow.arun_episode(self.engine, task.data)
-            result, reason = self._convert(task, raw)
-            if result is None:
-                return ("rejected", reason, None)
-            accepted = task.should_accept_fn is None or bool(task.should_accept_fn(result))
-        except Exception as exc:
-            return self._on_error(task, exc)
-        if self._dumper is not None and isinstance(result, Trajectory):
-            await self._dumper.dump(result, task_id=task.task_id, is_eval=task.is_eval, accepted=accepted)
-        return ("accepted", None, result) if accepted else ("rejected", "should_accept_fn", result)
-
-    def _convert(self, task: Task, raw: Any) -> tuple[Result | None, str | None]:
-        if raw is None:
-            return None, "returned_none"
-        if isinstance(raw, Trajectory):
-            result: Result = raw
-        elif isinstance(raw, Mapping):
-            if not raw:
-                return None, "empty_result"
-            if all(isinstance(v, Interaction) for v in raw.values()):
-                if all(v.has_tensor_data for v in raw.values()):
-                    result = interactions_to_trajectory(raw)
-                else:
-                    result = dict(raw)
-            else:
-                result = Trajectory.from_dict(raw, where=f"task {task.task_id}: ")
-        else:
-            raise WorkflowContractError(
-                f"task {task.task_id}: a workflow must return a Trajectory, a dict or None; got {type(raw).__name__}"
-            )
-        if self.config.check_trajectory_format and isinstance(result, Trajectory):
-            check_trajectory_format(result, expected_keys=self._tracked_keys)
-            if self._tracked_keys is None:
-                self._tracked_keys = set(result.to_dict())
-                logger.info("Trajectory format check: tracking keys %s", sorted(self._tracked_keys))
-        return result, None
 
     def _conclude(self, task: Task, status: Status, reason: str | None, result: Result | None) -> None:
         """Move a finished task to its owner (no checkpoint in here: the invariant holds throughout)."""

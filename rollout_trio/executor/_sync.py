@@ -25,7 +25,8 @@ from anyio.from_thread import BlockingPortal
 
 from .. import workflow_context
 from ._config import RolloutConfig
-from ._executor import AcceptFn, ExecutorStatistics, Result, RolloutExecutor, open_executor
+from ._executor import AcceptFn, Result, RolloutExecutor, open_executor
+from ._statistics import ExecutorStatistics
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
