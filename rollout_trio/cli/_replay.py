@@ -23,6 +23,7 @@ import trio
 
 from ._common import (
     Parser,
+    check_dump_path,
     import_name,
     import_object,
     load_tokenizer,
@@ -285,6 +286,7 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    check_dump_path(args.dump_dir)  # before transformers and torch load: this answers at once
     with starting():  # transformers loads here, once the options parsed
         if args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer)
