@@ -538,3 +538,27 @@ def test_an_error_that_is_not_written_for_users_keeps_its_type():
     assert describe_exception(_raised(ValueError("a user's workflow said so"))) == "ValueError: a user's workflow said so"
     assert describe_exception(_raised(AttributeError("x"))) == "AttributeError: x"
     assert describe_exception(_raised(TimeoutError())) == "TimeoutError"
+
+
+def test_the_console_script_leaves_at_once_but_runs_atexit_and_flushes_a_pipe():
+    """Once torch is loaded the process leaves with os._exit (its module teardown takes
+    seconds); what the normal exit does that matters still happens."""
+    code = (
+        "import atexit, sys, torch\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "sys.argv = ['rollout-trio', 'top', '/nonexistent/dump']\n"
+        "print('buffered, not flushed', end='')\n"
+        "from rollout_trio.cli import console_main\n"
+        "console_main()\n"
+        "print('never reached')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stdout == "buffered, not flushedatexit ran\n"
+    assert proc.stderr == "rollout-trio top: error: /nonexistent/dump: no such dump directory\n"
+    light = subprocess.run(  # without torch: the ordinary exit (SystemExit)
+        [sys.executable, "-c", "import sys; sys.argv = ['rollout-trio', '--version']\n"
+         "from rollout_trio.cli import console_main\ntry:\n    console_main()\nexcept SystemExit as e:\n    print('exit', e.code)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert light.stdout.endswith("\nexit 0\n"), light.stdout + light.stderr

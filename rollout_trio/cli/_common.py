@@ -71,6 +71,7 @@ __all__ = [
     "run_command",
     "setup_logging",
     "starting",
+    "stopped_by",
 ]
 
 EXIT_FAILURE = 1
@@ -491,6 +492,16 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_by() -> tuple[str, int]:
+    """For a command that caught the ``KeyboardInterrupt`` of Ctrl-C or SIGTERM itself (to
+    say what finished): ``("interrupted", 130)`` or ``("terminated", 143)``.
+
+    Returns:
+        The word for its last line and its exit status.
+    """
+    return ("terminated", EXIT_TERMINATED) if _TERMINATED[0] else ("interrupted", EXIT_INTERRUPTED)
 
 
 def interrupted_status(interrupt: Interrupt) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from .._bounded import BadContent, BodyTooLarge, loads_json, read_response
 from .._limits import MAX_DUMP_LINE_BYTES
 from .._terminal import safe_tree
-from ._common import CommandError, Parser, positive_float, run_command
+from ._common import CommandError, Parser, positive_float, run_command, stopped_by
 
 __all__ = ["DumpSource", "HttpSource", "render", "top_main"]
 
@@ -274,28 +274,42 @@ def source_for(address: str, api_key: str | None = None) -> HttpSource | DumpSou
     return HttpSource(address, api_key)
 
 
-def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, console: Any = None) -> None:
-    """Show ``source`` until Ctrl-C (``once``: one frame)."""
+def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, console: Any = None, shown: list[int] | None = None) -> None:
+    """Show ``source`` until Ctrl-C (``once``: one frame); ``shown`` counts the frames."""
     from rich.console import Console
     from rich.live import Live
 
     console = console or Console()
     history: dict[str, list[float]] = {}
+    shown = [0] if shown is None else shown
     if once:
         console.print(render(source.read(), history))
+        shown[0] += 1
         return
-    with Live(render(source.read(), history), console=console, auto_refresh=False, screen=False) as live:
+    # Nothing else prints while it lives, so stdout and stderr stay themselves (a Ctrl-C
+    # part-way through starting it would otherwise leave them redirected).
+    with Live(console=console, auto_refresh=False, screen=False, redirect_stdout=False, redirect_stderr=False) as live:
         while True:
+            frame = render(source.read(), history)
+            shown[0] += 1  # (a Ctrl-C while it is drawn still counts it as shown)
+            live.update(frame, refresh=True)
             time.sleep(interval)
-            live.update(render(source.read(), history), refresh=True)
 
 
 def _main(args: argparse.Namespace) -> int:
     source = source_for(args.address, args.api_key)
+    shown = [0]
+    started = time.monotonic()
     try:
-        watch(source, interval=args.interval, once=args.once)
+        watch(source, interval=args.interval, once=args.once, shown=shown)
     except RunEnded as ended:
         print(f"rollout-trio top: the run ended ({ended})", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what it watched, then 130 or 143
+        how, status = stopped_by()
+        where = args.address if isinstance(source, DumpSource) else source.base
+        shown_for = f"showed {where} for {time.monotonic() - started:.1f} s" if shown[0] else f"nothing shown of {where} yet"
+        print(f"rollout-trio top: {how}; {shown_for}", file=sys.stderr, flush=True)
+        return status
     finally:
         source.close()
     return 0
