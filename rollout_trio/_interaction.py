@@ -133,8 +133,18 @@ def interactions_to_trajectory(interactions: Mapping[str, Interaction]) -> Traje
 
     Rows of one rollout are contiguous, rollouts in order of first appearance
     (``rollout_index`` None counts as 0). Each rollout's reference is the one
-    ``rollout_reward`` its interactions share; two different values raise
-    :class:`WorkflowContractError`.
+    ``rollout_reward`` its interactions share.
+
+    Args:
+        interactions: ``{interaction id: Interaction}``, as a multi-turn workflow returns.
+
+    Returns:
+        One :class:`Trajectory` with a row per interaction.
+
+    Raises:
+        WorkflowContractError: an empty mapping, a value that is not an
+            :class:`Interaction`, or one rollout's interactions holding two different
+            ``rollout_reward`` values.
     """
     if not interactions:
         raise WorkflowContractError("interactions: needs at least one interaction, got an empty dict")

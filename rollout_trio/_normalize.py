@@ -451,6 +451,11 @@ def normalize_advantages(
 
     Returns:
         float32 tensor shaped like ``x``; 0 wherever ``mask`` is 0.
+
+    Raises:
+        ValueError: ``x`` is 0-d or not finite where ``mask`` is 1; ``mask`` is not shaped
+            like ``x`` or holds values other than 0 and 1; ``group_sizes`` or
+            ``member_counts`` do not fit the batch.
     """
     t = _real_tensor("x", x)
     if t.ndim < 1:

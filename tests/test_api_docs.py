@@ -50,10 +50,9 @@ def _missing_sections(fn) -> list[str]:  # noqa: ANN001
 
 #: Root functions whose docstrings still lack a section (DEVELOPERS.md: Args/Returns/Raises).
 #: A ratchet: a name leaves this set once its docstring is complete, and none may join it.
-NOT_YET = {
-    "check_trajectory_format", "from_json", "interactions_to_trajectory", "add_phase_listener",
-    "new_session", "traced_phase", "normalize_advantages", "open_executor", "run_group", "to_json",
-}
+#: open_executor lives in rollout_trio/executor/, which another branch is rewriting: its
+#: docstring is completed there.
+NOT_YET = {"open_executor"}
 
 
 def test_root_functions_document_args_returns_and_raises():
