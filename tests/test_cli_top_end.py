@@ -64,18 +64,37 @@ def test_top_says_what_it_showed_when_stopped(tmp_path, signum, status, how):
     write_dump_sync(tmp_path, groups=2, group_size=2, versions=1)
     leader, follower = os.openpty()
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="100", LINES="40")
-    with reaped(subprocess.Popen(
-        [sys.executable, "-m", "rollout_trio", "top", str(tmp_path), "--interval", "0.05"],
-        stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
-    )) as proc:  # fmt: skip
-        os.close(follower)
-        seen = b""
-        while b"tasks" not in seen:  # the first frame's panel title
-            chunk = os.read(leader, 65536)
-            assert chunk, proc.stderr.read() if proc.stderr else ""
-            seen += chunk
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=60)
+    screen = bytearray()
+    first_frame = threading.Event()
+
+    def read_the_terminal():  # to the end: a terminal nobody reads would block top's writes
+        try:
+            while chunk := os.read(leader, 65536):
+                screen.extend(chunk)
+                if b"tasks" in screen:  # the first frame's panel title
+                    first_frame.set()
+        except OSError:  # EIO: the last writer closed its end
+            pass
+        first_frame.set()
+
+    reader = threading.Thread(target=read_the_terminal, daemon=True)
+    try:
+        with reaped(subprocess.Popen(
+            [sys.executable, "-m", "rollout_trio", "top", str(tmp_path), "--interval", "0.05"],
+            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+        )) as proc:  # fmt: skip
+            os.close(follower)
+            follower = None
+            reader.start()
+            first_frame.wait(60)
+            assert b"tasks" in screen, bytes(screen[-2000:])
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if follower is not None:
+            os.close(follower)
+        if reader.is_alive():
+            reader.join(10)
         os.close(leader)
     assert proc.returncode == status, err
     assert re.fullmatch(rf"rollout-trio top: {how}; showed {re.escape(str(tmp_path))} for \d+\.\d s", err.strip()), err
