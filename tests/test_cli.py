@@ -114,6 +114,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--debug": (["127.0.0.1:1", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
         "--interval": (["127.0.0.1:1", "--interval", "0"], 2, "--interval: must be a finite number > 0"),
         "--once": (["127.0.0.1:1", "--once=1"], 2, "--once: ignored explicit argument '1'"),
+        "--timeout": (["127.0.0.1:1", "--timeout", "0"], 2, "--timeout: must be a finite number > 0, got '0'"),
         "--api-key": (["127.0.0.1:1", "--once", "--api-key", "k"], 1, "127.0.0.1:1/metrics: cannot scrape"),
     },
 }

@@ -31,6 +31,9 @@ _SPARK = "▁▂▃▄▅▆▇█"
 _HISTORY = 60
 #: The largest /metrics answer read, raw and once decoded (a run's metrics are kilobytes).
 MAX_METRICS_BYTES = 16 * 2**20
+#: Seconds one scrape may take by default: a run whose machine is saturated (its event loop
+#: shares two cores with torch's threads) was seen answering after 5 s.
+SCRAPE_TIMEOUT = 30.0
 
 
 def _parser() -> Parser:
@@ -38,6 +41,12 @@ def _parser() -> Parser:
     p.add_argument("address", metavar="ADDRESS", help="http://HOST:PORT (or HOST:PORT) serving /metrics, or a dump directory")
     p.add_argument("--interval", type=positive_float, default=1.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=SCRAPE_TIMEOUT,
+        help="seconds one scrape of /metrics may take (a run on a loaded machine answers late)",
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get("ROLLOUT_TRIO_API_KEY") or None,
@@ -61,7 +70,7 @@ class HttpSource:
     """
 
     def __init__(
-        self, address: str, api_key: str | None = None, timeout: float = 5.0, max_bytes: int = MAX_METRICS_BYTES
+        self, address: str, api_key: str | None = None, timeout: float = SCRAPE_TIMEOUT, max_bytes: int = MAX_METRICS_BYTES
     ) -> None:
         import httpx
 
@@ -265,13 +274,13 @@ def render(snap: dict[str, Any], history: dict[str, list[float]]) -> Any:
     return Group(*parts)
 
 
-def source_for(address: str, api_key: str | None = None) -> HttpSource | DumpSource:
-    """A dump directory when ``address`` is one, else an HTTP metrics endpoint."""
+def source_for(address: str, api_key: str | None = None, timeout: float = SCRAPE_TIMEOUT) -> HttpSource | DumpSource:
+    """A dump directory when ``address`` is one, else an HTTP metrics endpoint (scraped with ``timeout``)."""
     if os.path.isdir(address):
         return DumpSource(address)
     if os.sep in address and "://" not in address:
         raise CommandError(f"{address}: no such dump directory")
-    return HttpSource(address, api_key)
+    return HttpSource(address, api_key, timeout=timeout)
 
 
 def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, console: Any = None, shown: list[int] | None = None) -> None:
@@ -297,7 +306,7 @@ def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, conso
 
 
 def _main(args: argparse.Namespace) -> int:
-    source = source_for(args.address, args.api_key)
+    source = source_for(args.address, args.api_key, args.timeout)
     shown = [0]
     started = time.monotonic()
     try:
