@@ -42,6 +42,9 @@ class Interaction:
         output_message_list: the messages the model produced.
         interaction_id: the completion id.
         rollout_index: which usable rollout of a group the interaction came from (set on merge).
+
+    Raises:
+        ValueError: ``chat_template_type`` is neither "hf" nor "concat".
     """
 
     model_response: ModelResponse | None = None

@@ -92,7 +92,8 @@ class NormConfig:
         group_size: Fixed group size, used for group levels when no explicit
             ``group_sizes`` are passed at call time; must be an integer ``>= 1``.
 
-    Invalid values raise ``ValueError`` naming the field and the rule.
+    Raises:
+        ValueError: a field breaks its rule (named with the field).
     """
 
     mean_level: NormLevel = attrs.field(default="batch", validator=_level)

@@ -47,6 +47,9 @@ class PhaseRecord:
         task_id, sample_idx: the episode and slot it ran in (from the workflow context).
         session: the sample number set by :func:`new_session` (None outside one).
         start: its start on :func:`time.perf_counter`'s clock.
+
+    Raises:
+        Nothing: records are made by the phases themselves, from values they measured.
     """
 
     phase: str
