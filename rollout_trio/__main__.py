@@ -3,9 +3,9 @@
 import sys
 
 try:
-    from .cli import main
+    from .cli import console_main
 except KeyboardInterrupt:  # Ctrl-C at once: as the command would say it
     print("rollout-trio: interrupted while starting; nothing ran", file=sys.stderr)
     sys.exit(130)
 
-sys.exit(main())
+console_main()

@@ -32,7 +32,16 @@ SlotKind = Literal["tensor", "interaction"]
 
 @attrs.frozen
 class GroupStatistics:
-    """What one group run yielded, counted in slots (logical rollouts), before any filter."""
+    """What one group run yielded, counted in slots (logical rollouts), before any filter.
+
+    Args:
+        target_slot_count: the group's size, G.
+        usable_slot_count: slots that returned a usable result.
+        trainable_slot_count: usable slots whose rows carry a loss (a kept group's).
+
+    Raises:
+        Nothing: the executor and the group build it from counts they checked.
+    """
 
     target_slot_count: int
     usable_slot_count: int

@@ -20,8 +20,18 @@ def check_trajectory_format(
 ) -> bool:
     """Check a workflow result against the contract, for debugging custom workflows.
 
-    Returns True for ``None`` and for interaction dicts (checked when converted);
-    raises :class:`WorkflowContractError` naming the key and rule otherwise.
+    Args:
+        data: what a workflow returned: ``None``, a dict of tensors, a :class:`Trajectory`,
+            or a dict of :class:`Interaction` (checked when converted, so accepted here).
+        batch_size: the rows the result must have (default: any).
+        expected_keys: keys the result must hold (default: none beyond the contract's).
+
+    Returns:
+        True when ``data`` keeps the contract (it never returns False).
+
+    Raises:
+        WorkflowContractError: naming the key and the rule ``data`` breaks (a wrong type,
+            an empty dict, a batch size or key set other than asked).
     """
     if data is None:
         return True

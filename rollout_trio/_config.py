@@ -34,6 +34,29 @@ class GenerationConfig:
     Invalid values raise :class:`WorkflowContractError` naming the field and rule.
     ``reward_normalization`` and ``drop_incomplete_group`` are workflow-layer flags and
     are never sent to an engine.
+
+    Args:
+        n_samples: samples per prompt (>= 1).
+        max_new_tokens: tokens generated at most (> 0).
+        min_new_tokens: tokens generated at least before a stop counts (>= 0).
+        max_tokens: prompt plus generated tokens at most (> 0).
+        greedy: pick the most likely token (temperature 0).
+        top_p: nucleus sampling's mass, in (0, 1].
+        top_k: sample among the k most likely tokens (>= 1; ``TOP_K_OFF`` and above: off).
+        temperature: sampling temperature (>= 0).
+        stop_token_ids: token ids that end the generation.
+        ignore_eos: keep generating past the end-of-sequence token.
+        skip_special_tokens: leave special tokens out of decoded text.
+        stop: strings that end the generation (a str is one), or None.
+        frequency_penalty: in [-2, 2].
+        seed: the sampling seed, or None.
+        lora_name: the adapter the server applies.
+        use_beam_search: beam search instead of sampling (where the engine has it).
+        reward_normalization: the workflow layer normalizes rewards within each group.
+        drop_incomplete_group: the workflow layer drops a group with an unusable slot.
+
+    Raises:
+        WorkflowContractError: a value breaks its field's rule (named with the field).
     """
 
     n_samples: int = attrs.field(default=1, validator=rule("n_samples >= 1", lambda v: is_int(v) and v >= 1))

@@ -96,11 +96,36 @@ converter: cattrs.Converter = _make()
 
 
 def to_json(value: Any) -> str:
-    """``value`` (a contract type) as a JSON string."""
+    """``value`` (a contract type) as a JSON string.
+
+    Args:
+        value: a contract type (:class:`ModelRequest`, :class:`ModelResponse`,
+            :class:`Trajectory`, ...), or lists and dicts of them.
+
+    Returns:
+        Its JSON text, which :func:`from_json` reads back.
+
+    Raises:
+        TypeError: ``value`` holds something JSON cannot carry (an arbitrary object).
+    """
     return json.dumps(converter.unstructure(value))
 
 
 def from_json(text: str | bytes, cls: type[Any]) -> Any:
-    """Parse JSON made by :func:`to_json` back into ``cls``."""
+    """Parse JSON made by :func:`to_json` back into ``cls``.
+
+    Args:
+        text: the JSON text.
+        cls: the contract type to build (:class:`ModelRequest`, ...).
+
+    Returns:
+        An instance of ``cls``.
+
+    Raises:
+        ValueError: ``text`` is not JSON (``json.JSONDecodeError``).
+        cattrs.errors.CattrsError: the JSON does not describe a ``cls`` (an unknown field:
+            ``ForbiddenExtraKeysError``; a field of the wrong type: ``ClassValidationError``).
+        AttributeError: the JSON is not an object where ``cls`` needs one.
+    """
     return converter.structure(json.loads(text), cls)
 

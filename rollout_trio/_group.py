@@ -255,5 +255,23 @@ async def run_group(
     group_size: int,
     **options: Any,
 ) -> GroupResult:
-    """Run one group of ``workflow`` on ``data`` (see :class:`GroupedRolloutWorkflow` for ``options``)."""
+    """Run one group of ``workflow`` on ``data``.
+
+    Args:
+        workflow: anything :func:`resolve_workflow` accepts.
+        engine: the inference engine the slots call (already open).
+        data: the dataset item every slot gets.
+        group_size: slots in the group (G >= 1).
+        **options: :class:`GroupedRolloutWorkflow`'s keyword arguments
+            (``reward_normalization``, ``min_usable_group_size``, ...).
+
+    Returns:
+        The group's :class:`GroupResult` (its trajectory, or None when the group was
+        dropped, with the slots' outcomes).
+
+    Raises:
+        ValueError: an invalid ``group_size`` or option.
+        GroupRolloutError: slots raised (the others were cancelled).
+        WorkflowContractError: a slot's result breaks the contract.
+    """
     return await GroupedRolloutWorkflow(workflow, group_size, **options).arun_episode(engine, data)

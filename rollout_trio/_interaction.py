@@ -42,6 +42,9 @@ class Interaction:
         output_message_list: the messages the model produced.
         interaction_id: the completion id.
         rollout_index: which usable rollout of a group the interaction came from (set on merge).
+
+    Raises:
+        ValueError: ``chat_template_type`` is neither "hf" nor "concat".
     """
 
     model_response: ModelResponse | None = None
@@ -133,8 +136,18 @@ def interactions_to_trajectory(interactions: Mapping[str, Interaction]) -> Traje
 
     Rows of one rollout are contiguous, rollouts in order of first appearance
     (``rollout_index`` None counts as 0). Each rollout's reference is the one
-    ``rollout_reward`` its interactions share; two different values raise
-    :class:`WorkflowContractError`.
+    ``rollout_reward`` its interactions share.
+
+    Args:
+        interactions: ``{interaction id: Interaction}``, as a multi-turn workflow returns.
+
+    Returns:
+        One :class:`Trajectory` with a row per interaction.
+
+    Raises:
+        WorkflowContractError: an empty mapping, a value that is not an
+            :class:`Interaction`, or one rollout's interactions holding two different
+            ``rollout_reward`` values.
     """
     if not interactions:
         raise WorkflowContractError("interactions: needs at least one interaction, got an empty dict")

@@ -61,6 +61,16 @@ class ModelRequest:
     ``rid`` identifies the request to the engine (affinity, and the id its abort uses);
     ``metadata`` is passed through untouched. The request is immutable: engines that
     resume after an interruption build their own copies.
+
+    Args:
+        input_ids: the prompt's token ids (ints >= 0).
+        gconfig: the sampling settings.
+        rid: the request id (default: a new unique one).
+        tokenizer: decodes the answer where an engine or workflow needs text (not compared).
+        metadata: anything the caller wants carried along (not compared).
+
+    Raises:
+        WorkflowContractError: a field breaks its rule (a negative or non-int token id).
     """
 
     input_ids: tuple[int, ...] = attrs.field(converter=_ints)
@@ -131,6 +141,19 @@ class ModelResponse:
     generated token; ``output_versions[i]`` is the weight version that produced token
     ``i``. ``latency`` is the wall time of the whole call and ``ttft`` the time to the
     first output token, both in seconds.
+
+    Args:
+        input_tokens: the prompt's token ids.
+        output_tokens: the generated token ids.
+        output_logprobs: one finite log-probability <= 0 per generated token.
+        output_versions: one integer weight version per generated token.
+        stop_reason: why it ended: ``"stop"``, ``"length"``, ``"tool_calls"`` or ``"abort"``.
+        latency: seconds the whole call took (finite, >= 0).
+        ttft: seconds to the first output token (finite, >= 0).
+        tokenizer: decodes the tokens where text is needed (not compared).
+
+    Raises:
+        WorkflowContractError: a field breaks its rule, or the per-token lists differ in length.
     """
 
     input_tokens: tuple[int, ...] = attrs.field(converter=_ints)

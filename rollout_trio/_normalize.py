@@ -92,7 +92,8 @@ class NormConfig:
         group_size: Fixed group size, used for group levels when no explicit
             ``group_sizes`` are passed at call time; must be an integer ``>= 1``.
 
-    Invalid values raise ``ValueError`` naming the field and the rule.
+    Raises:
+        ValueError: a field breaks its rule (named with the field).
     """
 
     mean_level: NormLevel = attrs.field(default="batch", validator=_level)
@@ -451,6 +452,11 @@ def normalize_advantages(
 
     Returns:
         float32 tensor shaped like ``x``; 0 wherever ``mask`` is 0.
+
+    Raises:
+        ValueError: ``x`` is 0-d or not finite where ``mask`` is 1; ``mask`` is not shaped
+            like ``x`` or holds values other than 0 and 1; ``group_sizes`` or
+            ``member_counts`` do not fit the batch.
     """
     t = _real_tensor("x", x)
     if t.ndim < 1:

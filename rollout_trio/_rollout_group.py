@@ -81,6 +81,14 @@ class RolloutGroup:
     ``row_counts[k]`` is the number of rows of rollout ``k`` (rows are contiguous, in
     order) and ``rewards[k]`` its reference reward or ``None``. An empty ``rewards``
     means no references.
+
+    Args:
+        row_counts: rows per logical rollout (ints >= 1).
+        rewards: one reference reward (a finite real) or None per rollout, or empty.
+
+    Raises:
+        WorkflowContractError: a count is not a positive int, a reward is not a finite
+            real, or ``rewards`` does not give one per rollout.
     """
 
     row_counts: tuple[int, ...] = attrs.field(converter=_row_counts)

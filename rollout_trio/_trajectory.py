@@ -213,6 +213,23 @@ class Trajectory:
     Construction validates every field and raises :class:`WorkflowContractError`
     naming the key, the rule, and the expected and actual dtype, shape or value.
     ``to_dict()`` gives the plain dict AReaL-style trainers consume.
+
+    Args:
+        input_ids: ``[B, L]`` integer token ids.
+        attention_mask: ``[B, L]`` bool (or 0/1 integers, cast to bool).
+        loss_mask: ``[B, L]`` integer, 1 on generated tokens.
+        logprobs: ``[B, L]`` floating log-probabilities of the generated tokens.
+        versions: ``[B, L]`` integer weight versions, -1 wherever ``loss_mask`` is 0.
+        rewards: ``[B]`` floating rewards (normalized ones, when normalization ran).
+        is_truncated: ``[B]`` bool, rows cut by the length limit.
+        original_rewards: ``[B]`` floating rewards before normalization.
+        rollout_reward: the one reward of a single logical rollout (a finite real, not a bool).
+        rollout_group: the logical rollouts the rows belong to.
+        extras: further per-row tensors or values, carried along.
+
+    Raises:
+        WorkflowContractError: a field breaks the contract (dtype, shape, value), named
+            with the key and the rule.
     """
 
     input_ids: torch.Tensor

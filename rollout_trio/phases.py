@@ -47,6 +47,9 @@ class PhaseRecord:
         task_id, sample_idx: the episode and slot it ran in (from the workflow context).
         session: the sample number set by :func:`new_session` (None outside one).
         start: its start on :func:`time.perf_counter`'s clock.
+
+    Raises:
+        Nothing: records are made by the phases themselves, from values they measured.
     """
 
     phase: str
@@ -59,7 +62,15 @@ class PhaseRecord:
 
 
 def add_phase_listener(listener: Callable[[PhaseRecord], None]) -> None:
-    """Call ``listener(record)`` for every phase that ends, in this process, until removed."""
+    """Call ``listener(record)`` for every phase that ends, in this process, until removed.
+
+    Args:
+        listener: called with each ended phase's :class:`PhaseRecord`, synchronously, on
+            the thread that ended it; it should be quick (it runs inside the phase's exit).
+
+    Raises:
+        Nothing: any callable is accepted as is; what it raises when called is its own.
+    """
     _listeners.append(listener)
 
 
@@ -135,7 +146,18 @@ class phase:  # noqa: N801 - used like a function: ``with phase("x")`` / ``async
 
 
 def traced_phase(name: str) -> Callable[[F], F]:
-    """Decorator: every call of the (sync or async) function is timed as phase ``name``."""
+    """Decorator: every call of the (sync or async) function is timed as phase ``name``.
+
+    Args:
+        name: the phase's name, as :func:`phase` takes it.
+
+    Returns:
+        The decorator; the function it returns keeps the wrapped one's signature and
+        returns what it returns (a coroutine function stays one).
+
+    Raises:
+        ValueError: ``name`` is empty or not a str (at decoration, not at each call).
+    """
     phase(name)  # validate now
 
     def decorate(fn: F) -> F:
@@ -162,6 +184,13 @@ def new_session() -> Callable[[F], F]:
     """Decorator: each call of the (sync or async) function is a new sample session.
 
     Phases recorded inside the call carry the session's number (:attr:`PhaseRecord.session`).
+
+    Returns:
+        The decorator; the function it returns keeps the wrapped one's signature and
+        returns what it returns (a coroutine function stays one).
+
+    Raises:
+        Nothing of its own: the wrapped function's exceptions pass through unchanged.
     """
 
     def decorate(fn: F) -> F:

@@ -50,10 +50,9 @@ def _missing_sections(fn) -> list[str]:  # noqa: ANN001
 
 #: Root functions whose docstrings still lack a section (DEVELOPERS.md: Args/Returns/Raises).
 #: A ratchet: a name leaves this set once its docstring is complete, and none may join it.
-NOT_YET = {
-    "check_trajectory_format", "from_json", "interactions_to_trajectory", "add_phase_listener",
-    "new_session", "traced_phase", "normalize_advantages", "open_executor", "run_group", "to_json",
-}
+#: open_executor lives in rollout_trio/executor/, which another branch is rewriting: its
+#: docstring is completed there.
+NOT_YET = {"open_executor"}
 
 
 def test_root_functions_document_args_returns_and_raises():
@@ -63,3 +62,34 @@ def test_root_functions_document_args_returns_and_raises():
     }
     assert incomplete <= NOT_YET, f"docstrings without Args/Returns/Raises: {sorted(incomplete - NOT_YET)}"
     assert NOT_YET <= incomplete, f"complete now, take them out of NOT_YET: {sorted(NOT_YET - incomplete)}"
+
+
+def _missing_class_sections(cls) -> list[str]:  # noqa: ANN001
+    """A class documents its constructor: Args (in its docstring or ``__init__``'s) and Raises."""
+    try:
+        parameters = [p for p in inspect.signature(cls).parameters if p not in ("args", "kwargs")]
+    except (TypeError, ValueError):  # no signature to document
+        return []
+    doc = (inspect.getdoc(cls) or "") + "\n" + ((inspect.getdoc(cls.__init__) or "") if "__init__" in vars(cls) else "")
+    missing = []
+    if parameters and "Args:" not in doc and "Attributes:" not in doc:  # an attrs class's fields are its arguments
+        missing.append("Args")
+    if parameters and "Raises:" not in doc:
+        missing.append("Raises")
+    return missing
+
+
+#: Root classes whose constructor's documentation still lacks a section; a ratchet as
+#: NOT_YET. Exceptions are left out (their argument is the message). RolloutExecutor is
+#: in rollout_trio/executor/ (another branch's), the agents' classes in rollout_trio/agents/.
+CLASSES_NOT_YET = {"RolloutExecutor", "RolloutConfig", "SyncRolloutExecutor", "AgentRolloutWorkflow", "OpenAIEndpoint"}
+
+
+def test_root_classes_document_their_constructors():
+    incomplete = {
+        name for name in rollout_trio.__all__
+        if inspect.isclass(cls := getattr(rollout_trio, name)) and not issubclass(cls, BaseException)
+        and _missing_class_sections(cls)
+    }
+    assert incomplete <= CLASSES_NOT_YET, f"constructors without Args/Raises: {sorted(incomplete - CLASSES_NOT_YET)}"
+    assert CLASSES_NOT_YET <= incomplete, f"complete now, take them out: {sorted(CLASSES_NOT_YET - incomplete)}"

@@ -91,7 +91,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
     },
     # {dump} is a small real dump (the `dump` fixture)
     "inspect": {
-        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "DUMP_DIR": (["/nonexistent"], 1, "error: dump path '/nonexistent' does not exist"),
         "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
         "--html": (["{dump}", "--html", "/nonexistent/dir/out.html"], 1, "'/nonexistent/dir/out.html'"),
         "--samples": (["{dump}", "--samples", "0"], 2, "--samples: must be an integer >= 1, got '0'"),
@@ -100,7 +100,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--tokenizer": (["{dump}", "--tokenizer", "/nonexistent"], 1, "--tokenizer /nonexistent: no such tokenizer"),
     },
     "replay": {
-        "DUMP_DIR": (["/nonexistent"], 1, "FileNotFoundError: dump path '/nonexistent' does not exist"),
+        "DUMP_DIR": (["/nonexistent"], 1, "error: dump path '/nonexistent' does not exist"),
         "--debug": (["{dump}", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
         "--workflow": (["{dump}", "--workflow", "no_colon"], 2, "--workflow: must be MODULE:NAME"),
         "--data": (["{dump}", "--data", "/nonexistent.jsonl"], 1, "'/nonexistent.jsonl'"),
@@ -114,6 +114,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--debug": (["127.0.0.1:1", "--debug=1"], 2, "--debug: ignored explicit argument '1'"),
         "--interval": (["127.0.0.1:1", "--interval", "0"], 2, "--interval: must be a finite number > 0"),
         "--once": (["127.0.0.1:1", "--once=1"], 2, "--once: ignored explicit argument '1'"),
+        "--timeout": (["127.0.0.1:1", "--timeout", "0"], 2, "--timeout: must be a finite number > 0, got '0'"),
         "--api-key": (["127.0.0.1:1", "--once", "--api-key", "k"], 1, "127.0.0.1:1/metrics: cannot scrape"),
     },
 }
@@ -151,6 +152,9 @@ def test_every_flag_has_a_bad_value_case(command):
     assert long_flags(parser_of(command)) == set(BAD[command])
 
 
+#: An error line that starts with an exception's type name.
+TYPE_PREFIX = re.compile(r"rollout-trio \w+: error: (\[Errno \d+\] |[A-Z]\w*(Error|Exception): )")
+
 CASES = [(command, flag, *case) for command, flags in BAD.items() for flag, case in flags.items()]
 
 
@@ -164,6 +168,7 @@ def test_a_bad_value_is_one_line_and_the_right_status(capsys, request, command, 
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"rollout-trio {command}: error: ") and says in lines[0], err
+    assert not TYPE_PREFIX.match(lines[0]), err  # the message says it; "FileNotFoundError:" is noise
     if status == 2:
         assert lines[0].endswith(f"(see rollout-trio {command} --help)")
 
@@ -305,7 +310,7 @@ def test_interruptible_turns_ctrl_c_into_a_cancelled_block_and_keeps_what_finish
         return interrupt.received
 
     assert trio.run(main) is True
-    assert finished == ["first"] and capsys.readouterr().err == "stopping\n"
+    assert finished == ["first"] and capsys.readouterr().err == "interrupted: stopping\n"
 
 
 def test_interruptible_without_ctrl_c_changes_nothing():
@@ -362,7 +367,7 @@ def test_a_usage_error_exits_2_from_a_real_process():
     assert proc.stderr.count("\n") == 1 and "--segment-tokens: must be an integer >= 1" in proc.stderr
 
 
-async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False, before_interrupt=None):
+async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False, before_interrupt=None, signum=signal.SIGINT):
     """Start ``rollout-trio *argv``; once stderr (or stdout) matches ``progress``, await
     ``before_interrupt(match)`` if given, then send SIGINT; return (exit status, stdout, stderr)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -386,7 +391,7 @@ async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False,
                     seen += chunk
                 if before_interrupt is not None:
                     await before_interrupt(match)
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signum)
                 nursery.start_soon(drain, watched, seen)
                 await proc.wait()
     finally:
@@ -409,3 +414,152 @@ async def test_serve_logs_requests_at_info_and_exits_130_on_ctrl_c(level):
     assert rc == 130 and "Traceback" not in err, err
     logged = re.search(r"INFO .*GET /health.* 200\b", err)
     assert (logged is not None) == (level == "INFO"), err
+    assert re.search(r"^rollout-trio serve: interrupted; served 0 generate requests, 0 output tokens over \d+\.\d s$", err, re.M), err
+
+
+@pytest.mark.parametrize(("signum", "status", "how"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 0, "terminated")])
+async def test_serve_says_what_it_served_when_stopped(signum, status, how):
+    tokens = []
+
+    async def generate(match):
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0}}
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(2):
+                answer = await client.post(match[1].decode() + "/generate", json=body)
+                assert answer.status_code == 200, answer.text
+                tokens.append(len(answer.json()["output_ids"]))
+
+    rc, _, err = await _interrupt_once(
+        ["serve", "--port", "0"], re.compile(rb"listening on (http://\S+)"), on_stdout=True,
+        before_interrupt=generate, signum=signum,
+    )  # fmt: skip
+    assert rc == status, err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"rollout-trio serve: {how}; served 2 generate requests \(2 finished\), {sum(tokens)} output tokens over \d+\.\d s", last
+    ), err
+
+
+# ------------------------------------------------------------------ answers before torch loads (issue 32 item 5)
+
+#: argv -> (exit status, what the one line says); each is known without torch, so it is
+#: reported before torch is imported (importing torch takes seconds; a loaded machine, 10+)
+BEFORE_TORCH = {
+    ("run", "--model", "/nonexistent"): (1, "--model /nonexistent: no such checkpoint directory"),
+    ("run", "--device", "cuda:99"): (1, "--device cuda:99: "),  # cuda:99 exists on no machine
+    ("run", "--device", "mps"): (1, "--device mps: MPS is not available on this machine"),
+    ("serve", "--model", "/nonexistent"): (1, "--model /nonexistent: no such checkpoint directory"),
+    ("serve", "--device", "cuda:99"): (1, "--device cuda:99: "),
+    ("fleet", "--model", "/nonexistent"): (1, "--model /nonexistent: no such checkpoint directory"),
+    ("fleet", "--device", "cuda:99"): (1, "--device cuda:99: "),
+    ("inspect", "/nonexistent"): (1, "dump path '/nonexistent' does not exist"),
+    ("replay", "/nonexistent"): (1, "dump path '/nonexistent' does not exist"),
+    ("top", "/nonexistent/dump"): (1, "/nonexistent/dump: no such dump directory"),
+    ("run", "--groups", "0"): (2, "--groups: must be an integer >= 1"),
+    ("serve", "--host", "0.0.0.0"): (2, "refusing to bind 0.0.0.0 without an api key"),
+    ("fleet", "--segment-tokens", "0"): (2, "--segment-tokens: must be an integer >= 1"),
+}
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="mps may exist there")
+def test_usage_errors_missing_paths_and_missing_devices_are_reported_before_torch_is_imported():
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from rollout_trio.cli import main\n"
+        "said = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        status = main(argv)\n"
+        "    said.append([status, err.getvalue(), sorted(m for m in ('torch', 'transformers') if m in sys.modules)])\n"
+        "print(json.dumps(said))\n"
+    )
+    cases = list(BEFORE_TORCH)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for argv, (status, err, loaded) in zip(cases, json.loads(proc.stdout), strict=True):
+        want_status, says = BEFORE_TORCH[argv]
+        assert (status, loaded) == (want_status, []), (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"rollout-trio {argv[0]}: error: ") and says in lines[0], (argv, err)
+        assert not TYPE_PREFIX.match(lines[0]), err
+
+
+def test_a_device_torch_can_use_passes_the_early_check(monkeypatch):
+    from rollout_trio.cli import _common
+
+    _common.check_device(None)
+    _common.check_device("cpu")
+    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_cuda.so", "libc10_cuda.so"])
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(_common, "_cuda_device_count", lambda: 2)
+    _common.check_device("cuda")
+    _common.check_device("cuda:1")
+    with pytest.raises(CommandError, match=r"^--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1$"):
+        _common.check_device("cuda:2")
+    monkeypatch.setattr(_common, "_cuda_device_count", lambda: 0)
+    with pytest.raises(CommandError, match="^--device cuda: CUDA is not available on this machine$"):
+        _common.check_device("cuda")
+    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_hip.so"])  # ROCm: torch decides later
+    _common.check_device("cuda")
+    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_cpu.so"])
+    with pytest.raises(CommandError, match="this torch is built without CUDA"):
+        _common.check_device("cuda")
+
+
+# ------------------------------------------------------------------ error lines without type prefixes
+
+
+def _raised(exc):
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001
+        return caught
+
+
+def test_an_error_written_for_users_has_no_type_prefix():
+    from rollout_trio.executor import read_dump
+
+    try:
+        read_dump("/nonexistent")  # the library's FileNotFoundError
+    except FileNotFoundError as exc:
+        missing = exc
+    assert describe_exception(missing) == "dump path '/nonexistent' does not exist"
+    assert describe_exception(_raised(FileNotFoundError(2, "No such file or directory", "/x"))) == (
+        "No such file or directory: '/x'"
+    )
+    assert describe_exception(_raised(PermissionError(13, "Permission denied"))) == "Permission denied"
+    from rollout_trio import WorkflowContractError
+
+    assert describe_exception(WorkflowContractError("slot 2: rewards must be floating")) == "slot 2: rewards must be floating"
+
+
+def test_an_error_that_is_not_written_for_users_keeps_its_type():
+    assert describe_exception(_raised(KeyError("k"))) == "KeyError: 'k'"
+    assert describe_exception(_raised(ValueError("a user's workflow said so"))) == "ValueError: a user's workflow said so"
+    assert describe_exception(_raised(AttributeError("x"))) == "AttributeError: x"
+    assert describe_exception(_raised(TimeoutError())) == "TimeoutError"
+
+
+def test_the_console_script_leaves_at_once_but_runs_atexit_and_flushes_a_pipe():
+    """Once torch is loaded the process leaves with os._exit (its module teardown takes
+    seconds); what the normal exit does that matters still happens."""
+    code = (
+        "import atexit, sys, torch\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "sys.argv = ['rollout-trio', 'top', '/nonexistent/dump']\n"
+        "print('buffered, not flushed', end='')\n"
+        "from rollout_trio.cli import console_main\n"
+        "console_main()\n"
+        "print('never reached')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stdout == "buffered, not flushedatexit ran\n"
+    assert proc.stderr == "rollout-trio top: error: /nonexistent/dump: no such dump directory\n"
+    light = subprocess.run(  # without torch: the ordinary exit (SystemExit)
+        [sys.executable, "-c", "import sys; sys.argv = ['rollout-trio', '--version']\n"
+         "from rollout_trio.cli import console_main\ntry:\n    console_main()\nexcept SystemExit as e:\n    print('exit', e.code)"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert light.stdout.endswith("\nexit 0\n"), light.stdout + light.stderr

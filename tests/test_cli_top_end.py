@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import http.server
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 
+import pytest
+
 from rollout_trio.cli._top import top_main
+
+from .process_helpers import reaped
 
 _METRICS = b"# HELP rollout_trio_tasks_submitted_total x\n# TYPE rollout_trio_tasks_submitted_total counter\nrollout_trio_tasks_submitted_total 3.0\n"
 
@@ -45,3 +54,47 @@ def test_top_of_an_address_nobody_serves_is_still_a_failure(capsys):
     server.server_close()  # nobody listens there now
     assert top_main([f"{host}:{port}", "--once"]) == 1
     assert "cannot scrape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("signum", "status", "how"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_top_says_what_it_showed_when_stopped(tmp_path, signum, status, how):
+    """On a terminal (a pty), once a frame is shown: Ctrl-C or SIGTERM ends it with one line."""
+    from tests.dump_helpers import write_dump_sync
+
+    write_dump_sync(tmp_path, groups=2, group_size=2, versions=1)
+    leader, follower = os.openpty()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="100", LINES="40")
+    screen = bytearray()
+    first_frame = threading.Event()
+
+    def read_the_terminal():  # to the end: a terminal nobody reads would block top's writes
+        try:
+            while chunk := os.read(leader, 65536):
+                screen.extend(chunk)
+                if b"tasks" in screen:  # the first frame's panel title
+                    first_frame.set()
+        except OSError:  # EIO: the last writer closed its end
+            pass
+        first_frame.set()
+
+    reader = threading.Thread(target=read_the_terminal, daemon=True)
+    try:
+        with reaped(subprocess.Popen(
+            [sys.executable, "-m", "rollout_trio", "top", str(tmp_path), "--interval", "0.05"],
+            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+        )) as proc:  # fmt: skip
+            os.close(follower)
+            follower = None
+            reader.start()
+            first_frame.wait(60)
+            assert b"tasks" in screen, bytes(screen[-2000:])
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if follower is not None:
+            os.close(follower)
+        if reader.is_alive():
+            reader.join(10)
+        os.close(leader)
+    assert proc.returncode == status, err
+    assert re.fullmatch(rf"rollout-trio top: {how}; showed {re.escape(str(tmp_path))} for \d+\.\d s", err.strip()), err

@@ -167,7 +167,7 @@ def test_inspect_refuses_a_fifo_in_the_dump_instead_of_hanging(tmp_path):
         [sys.executable, "-m", "rollout_trio", "inspect", str(tmp_path)], capture_output=True, text=True, env=env, timeout=60
     )
     assert done.returncode == 1
-    expected = f"rollout-trio inspect: error: ValueError: {fifo}: not a regular file; a dump file is a regular .jsonl file"
+    expected = f"rollout-trio inspect: error: {fifo}: not a regular file; a dump file is a regular .jsonl file"
     assert done.stderr.strip().splitlines() == [expected]
 
 

@@ -40,8 +40,10 @@ def test_a_bad_option_of_the_fleet_or_its_workers_is_one_line_and_exit_2(capsys,
     assert lines[0].endswith("(see rollout-trio fleet --help)")
 
 
-def test_a_worker_that_cannot_start_is_one_line_exit_1_and_nothing_is_left_running():
-    process = FleetProcess("--workers", "2", "--model", "/nonexistent/checkpoint")
+def test_a_worker_that_cannot_start_is_one_line_exit_1_and_nothing_is_left_running(tmp_path):
+    not_a_model = tmp_path / "empty"  # a directory (the fleet checks that), but no checkpoint in it
+    not_a_model.mkdir()
+    process = FleetProcess("--workers", "2", "--model", str(not_a_model))
     try:
         assert process.wait() == 1
     finally:
@@ -50,9 +52,19 @@ def test_a_worker_that_cannot_start_is_one_line_exit_1_and_nothing_is_left_runni
     assert len(process.stderr) == 1, process.stderr
     assert re.fullmatch(
         r"rollout-trio fleet: error: worker [01] exited with status 1 before it was ready: "
-        r"rollout-trio serve: error: --model /nonexistent/checkpoint: no such checkpoint directory",
+        rf"rollout-trio serve: error: --model {re.escape(str(not_a_model))}: cannot load a model and tokenizer from it: .*",
         process.stderr[0],
     ), process.stderr
+    assert process.survivors() == []
+
+
+def test_a_missing_checkpoint_is_the_fleets_own_error_before_any_worker_starts():
+    process = FleetProcess("--workers", "2", "--model", "/nonexistent/checkpoint")
+    try:
+        assert process.wait() == 1
+    finally:
+        process.stop()
+    assert process.stderr == ["rollout-trio fleet: error: --model /nonexistent/checkpoint: no such checkpoint directory"]
     assert process.survivors() == []
 
 
@@ -107,12 +119,16 @@ def test_the_fleet_serves_through_the_router_survives_a_dead_worker_and_ctrl_c_s
         assert not any(map(alive, running_pids)) and running.survivors() == []
 
 
-def test_sigterm_stops_the_fleet_with_status_0():
-    with fleet(workers=1) as running:
+def test_sigterm_stops_the_fleet_with_status_0_and_a_pipe_gets_no_colours():
+    # at info, sglang-router logs coloured lines (ESC [ 2 m ...) that the fleet relays to its stderr
+    with fleet("--router-log-level", "info", workers=1) as running:
         running.proc.send_signal(signal.SIGTERM)
         assert running.wait() == 0
         assert running.stderr[-1].startswith("rollout-trio fleet: terminated; stopped router at "), running.stderr
         assert running.survivors() == []
+    relayed = [line for line in running.stderr if line.startswith("[router] ")]
+    assert relayed, running.stderr  # the router did speak
+    assert not [line for line in running.stderr + running.stdout if "\x1b" in line]
 
 
 def test_the_router_dying_is_a_one_line_failure_and_the_workers_are_stopped():

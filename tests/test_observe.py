@@ -257,7 +257,7 @@ def test_run_serves_metrics_while_it_runs_and_top_shows_them(tmp_path: Path) -> 
         url = line.split("metrics at ")[1].split("/metrics")[0]
         assert proc.stdout.readline().startswith("group  question")
         proc.stdout.readline()  # a group finished: the run is under way (and has 99999 to go)
-        samples = scrape(httpx.get(f"{url}/metrics").text)
+        samples = scrape(httpx.get(f"{url}/metrics", timeout=60).text)  # a deadline, not an expectation
         top = subprocess.run(
             [sys.executable, "-m", "rollout_trio", "top", "--once", url],
             capture_output=True, text=True, env=dict(_env(), COLUMNS="100"), timeout=60,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,20 @@ async def chat_prefix_workflow(engine, data):
     return Trajectory.from_response(resp, 0.0)
 
 
+def ctrl_c_on_the_third_task(tokenizer):
+    """A factory for --workflow: the main job's workflow, until the third task starts; there,
+    Ctrl-C arrives (the process signals itself) and the episode would never end."""
+    inner = rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS))
+
+    async def workflow(engine, data):
+        if workflow_context.get().task_id == 2:
+            signal.raise_signal(signal.SIGINT)
+            await trio.sleep_forever()
+        return await inner(engine, data)
+
+    return workflow
+
+
 def test_replay_engine_is_an_inference_engine():
     assert isinstance(ReplayEngine([]), InferenceEngine)
 
@@ -60,6 +75,15 @@ def test_main_job_dump_reproduces(dump_dir, capsys):
     assert [line.split()[:2] for line in out[:5]] == [["task", str(k)] for k in range(5)]
     assert all(line.endswith("3 rows reproduce") for line in out[:5])
     assert out[-1] == "5 tasks replayed: 5 reproduce, 0 differ"
+
+
+def test_ctrl_c_prints_the_tasks_replayed_so_far_and_exits_130(dump_dir, capsys):
+    argv = ["replay", str(dump_dir), "--workflow", "tests.test_replay:ctrl_c_on_the_third_task"]
+    assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()[:2]] == [["task", "0"], ["task", "1"]], out
+    assert out.splitlines()[-1] == "2 tasks replayed: 2 reproduce, 0 differ, 3 not replayed (interrupted)"
+    assert err == "interrupted: stopping; the tasks replayed so far follow\n"
 
 
 def test_a_workflow_module_in_the_current_directory_is_found(dump_dir, tmp_path):

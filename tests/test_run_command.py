@@ -44,6 +44,32 @@ def test_ctrl_c_prints_what_finished_and_exits_130() -> None:
     assert 1 <= kept < 100000
 
 
+def test_sigterm_keeps_the_buffered_summary_and_exits_143() -> None:
+    """stdout is a pipe here, so it is block-buffered: a run killed by SIGTERM's default
+    action would lose the summary (issue 32 item 5). It stops as on Ctrl-C instead."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)
+    with reaped(subprocess.Popen(
+        [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--concurrency", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("group  question")  # group lines are flushed as they come
+        assert "rewards [" in (first := proc.stdout.readline()) or "dropped" in first, first
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "terminated: stopping new work and aborting episodes in flight", err
+    assert "not finished" in out and "group statistics" in out and " episodes in " in out, out
+
+
+def test_sigterm_while_starting_is_one_line_and_143() -> None:
+    status, err = _signal_once_importing(re.compile(r"\| +torch\.\w+$"), signal.SIGTERM)
+    assert status == 143
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert said == ["rollout-trio run: terminated while starting; nothing ran"], said
+
+
 def test_episode_timeout_counts_groups_as_failed_not_fatal() -> None:
     proc = run_cli("--groups", "3", "--group-size", "2", "--episode-timeout", "0.001")
     assert proc.returncode == 0, proc.stderr
@@ -66,7 +92,11 @@ def test_bad_numbers_are_usage_errors() -> None:
 
 
 def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
-    """Start ``rollout-trio run``, send SIGINT once ``-X importtime`` shows ``marker`` imported."""
+    return _signal_once_importing(marker, signal.SIGINT)
+
+
+def _signal_once_importing(marker: re.Pattern[str], signum: int) -> tuple[int, str]:
+    """Start ``rollout-trio run``, send ``signum`` once ``-X importtime`` shows ``marker`` imported."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
     with reaped(subprocess.Popen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "1"],
@@ -78,7 +108,7 @@ def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
             line = proc.stderr.readline()
             assert line, f"exited before {marker.pattern} was imported: {''.join(seen[-5:])}"
             seen.append(line)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     return proc.returncode, "".join(seen) + err
 

@@ -8,7 +8,12 @@
 - Ctrl-C stops new work, aborts what is in flight, lets the command print what finished,
   and exits with 130 (:func:`interruptible`, :func:`run_command`). Ctrl-C while a command
   starts (torch and transformers import, a model loads) is one line and 130 as well
-  (:func:`starting`).
+  (:func:`starting`). SIGTERM does the same and exits with 143 (128 + SIGTERM); the two
+  servers (``serve``, ``fleet``) exit 0 on SIGTERM, their ordinary way to stop.
+- A missing ``--model`` directory and an unavailable ``--device`` are reported before torch
+  is imported (:func:`check_model_dir`, :func:`check_device`), so they answer at once.
+- Error lines carry no ``FileNotFoundError:``-style prefix where the message is written for
+  users (:func:`describe_exception`).
 - ``--help`` and ``--version`` answer at once: a command's module imports torch and
   transformers inside the functions that run after its options parsed, never at the top.
 - The library's warnings (a dump directory that already holds files) are one line each
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import math
 import os
@@ -37,16 +43,21 @@ import trio
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "CommandError",
     "Interrupt",
     "InterruptedWhileStarting",
     "Parser",
     "UsageError",
+    "check_device",
+    "check_dump_path",
+    "check_model_dir",
     "describe_exception",
     "device",
     "import_name",
     "import_object",
+    "interrupted_status",
     "interruptible",
     "load_model_and_tokenizer",
     "load_tokenizer",
@@ -60,11 +71,13 @@ __all__ = [
     "run_command",
     "setup_logging",
     "starting",
+    "stopped_by",
 ]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RST_LITERAL = re.compile(r"``(.+?)``")
@@ -185,6 +198,99 @@ device = _type(
 # ---------------------------------------------------------------------------- devices and models
 
 
+def _torch_lib_files() -> list[str] | None:
+    """The names of the installed torch's native libraries, found without importing torch
+    (None when torch is not installed or its layout is unknown)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        return os.listdir(os.path.join(next(iter(spec.submodule_search_locations)), "lib"))
+    except OSError:
+        return None
+
+
+def _cuda_device_count() -> int | str:
+    """How many CUDA devices the NVIDIA driver shows this process (``CUDA_VISIBLE_DEVICES``
+    applies), or why none can be used; asked of ``libcuda`` directly, without torch."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "CUDA is not available on this machine (no NVIDIA driver: libcuda.so.1 not found)"
+    if driver.cuInit(0) != 0:
+        return "CUDA is not available on this machine (the NVIDIA driver found no usable device)"
+    count = ctypes.c_int(0)
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return "CUDA is not available on this machine (the NVIDIA driver cannot count its devices)"
+    return count.value
+
+
+def check_device(requested: str | None) -> None:
+    """Refuse a ``--device`` this machine cannot have, before torch is imported (torch takes
+    seconds to import): a :class:`CommandError` worded as :func:`resolve_device`'s.
+
+    Only what is certain is refused: ``cuda`` with a torch built without CUDA, or on Linux
+    without an NVIDIA driver or device; ``mps`` off macOS. Anything else is left to
+    :func:`resolve_device`, once torch is loaded.
+
+    Args:
+        requested: the ``--device`` value (already checked by :data:`device`), or None.
+
+    Raises:
+        CommandError: the device cannot exist on this machine.
+    """
+    if requested is None or requested == "cpu":
+        return
+    if requested == "mps":
+        if sys.platform != "darwin":
+            raise CommandError("--device mps: MPS is not available on this machine")
+        return
+    libs = _torch_lib_files()
+    if libs is None or any("hip" in name for name in libs):  # unknown layout, or ROCm's torch: torch decides
+        return
+    if not any("torch_cuda" in name for name in libs):
+        raise CommandError(f"--device {requested}: CUDA is not available on this machine (this torch is built without CUDA)")
+    if not sys.platform.startswith("linux"):
+        return
+    count = _cuda_device_count()
+    if isinstance(count, str):
+        raise CommandError(f"--device {requested}: {count}")
+    index = int(requested.partition(":")[2] or 0)
+    if count == 0:
+        raise CommandError(f"--device {requested}: CUDA is not available on this machine")
+    if index >= count:
+        raise CommandError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
+def check_model_dir(path: str | None, flag: str = "--model") -> None:
+    """Refuse a checkpoint directory that does not exist, before torch is imported.
+
+    Args:
+        path: the ``--model`` value, or None (the built-in tiny model).
+        flag: the option named in the message.
+
+    Raises:
+        CommandError: ``path`` is not a directory.
+    """
+    if path is not None and not os.path.isdir(path):
+        raise CommandError(f"{flag} {path}: no such checkpoint directory")
+
+
+def check_dump_path(path: str) -> None:
+    """Refuse a dump path that does not exist, before the dump reader (and torch) load.
+
+    Args:
+        path: a dump directory or file.
+
+    Raises:
+        CommandError: nothing is at ``path``; worded as the reader's own error.
+    """
+    if not os.path.exists(path):
+        raise CommandError(f"dump path {path!r} does not exist")
+
+
 def resolve_device(requested: str | None) -> str:
     """The torch device to use: ``requested`` if this machine has it, else a :class:`CommandError`.
 
@@ -268,15 +374,57 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+#: Built-in exceptions whose message alone means nothing ("'k'") or that mark a bug: their
+#: type stays in the line.
+_BUG_TYPES = (LookupError, AttributeError, AssertionError, NameError, ArithmeticError, RecursionError)
+_ERRNO = re.compile(r"^\[Errno \d+\] ")
+
+
+def _raised_in_library(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("rollout_trio.")
+
+
+def _written_for_users(exc: BaseException) -> bool:
+    """Whether ``exc``'s message says it all (its type name would only be noise)."""
+    if isinstance(exc, CommandError):
+        return True
+    if not str(exc) or isinstance(exc, _BUG_TYPES):
+        return False
+    if isinstance(exc, OSError):  # "[Errno 2] No such file or directory: 'x'", "dump path 'x' does not exist"
+        return True
+    if type(exc).__module__.startswith("rollout_trio"):  # the library's typed errors name field and rule
+        return True
+    return isinstance(exc, ValueError) and _raised_in_library(exc)  # the library's input checks
+
+
 def describe_exception(exc: BaseException) -> str:
-    """One line for the user: the message (with its type unless it is a :class:`CommandError`)
-    and notes such as the failing slot; an exception group as its count and first failure."""
+    """One line for the user: the message and notes such as the failing slot; an exception
+    group as its count and first failure.
+
+    The type name leads the message only where the message is not written for users: not
+    for a :class:`CommandError`, an ``OSError`` (its ``[Errno N]`` dropped too), the
+    library's own exception types, or a ``ValueError`` the library raised on bad input; kept
+    for anything else (``KeyError: 'k'``, a user's workflow raising ``ValueError``).
+
+    Args:
+        exc: the failure, an exception group included.
+
+    Returns:
+        One line, control characters shown as escapes.
+    """
     leaves = _leaves(exc)
     if len(leaves) > 1:
         return f"{len(leaves)} failures; the first: {describe_exception(leaves[0])}"
     leaf = leaves[0]
     text = _one_line(str(leaf))
-    if not isinstance(leaf, CommandError):
+    if _written_for_users(leaf):
+        text = _ERRNO.sub("", text)
+    else:
         text = f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
     notes = [_one_line(n) for n in getattr(leaf, "__notes__", ())]
     return text + "".join(f" ({note})" for note in notes)
@@ -286,8 +434,17 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
     """Parse ``argv`` and run ``body``; returns the exit status, never raises.
 
     Usage errors give 2 (one line, from :class:`Parser`); an exception from ``body`` gives
-    one line and 1 (with ``--debug``, its traceback first); Ctrl-C gives 130 (``body``
-    prints what finished before; see :func:`interruptible`).
+    one line and 1 (with ``--debug``, its traceback first); Ctrl-C gives 130 and SIGTERM
+    143 (``body`` prints what finished before; see :func:`interruptible`).
+
+    Args:
+        prog: the command's name, leading every line it prints.
+        parser: the command's options.
+        argv: the arguments after the command's name.
+        body: runs the command on the parsed options; returns its exit status.
+
+    Returns:
+        The exit status.
     """
     try:
         args = parser.parse_args(argv)
@@ -296,7 +453,7 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
     except KeyboardInterrupt:
         return _interrupted(prog, InterruptedWhileStarting())
     try:
-        with _library_warnings(prog):
+        with _library_warnings(prog), _sigterm_as_ctrl_c():
             return body(args)
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
@@ -310,6 +467,56 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
             traceback.print_exception(exc)
         print(f"{prog}: error: {describe_exception(exc)}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+#: Whether the Ctrl-C being handled came from a SIGTERM (:func:`_sigterm_as_ctrl_c`).
+_TERMINATED = [False]
+
+
+def _forward_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM, outside a block that receives it itself, becomes Ctrl-C (which Trio delivers
+    safely, at a checkpoint of unprotected code), remembered as a SIGTERM."""
+    _TERMINATED[0] = True
+    signal.raise_signal(signal.SIGINT)
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    _TERMINATED[0] = False
+    try:
+        previous = signal.signal(signal.SIGTERM, _forward_sigterm)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_by() -> tuple[str, int]:
+    """For a command that caught the ``KeyboardInterrupt`` of Ctrl-C or SIGTERM itself (to
+    say what finished): ``("interrupted", 130)`` or ``("terminated", 143)``.
+
+    Returns:
+        The word for its last line and its exit status.
+    """
+    return ("terminated", EXIT_TERMINATED) if _TERMINATED[0] else ("interrupted", EXIT_INTERRUPTED)
+
+
+def interrupted_status(interrupt: Interrupt) -> int:
+    """The exit status of a command that :func:`interruptible` stopped: 130 for Ctrl-C,
+    143 for SIGTERM (0 if neither came).
+
+    Args:
+        interrupt: what :func:`interruptible` yielded.
+
+    Returns:
+        The exit status.
+    """
+    if interrupt.signum is None:
+        return 0
+    return EXIT_TERMINATED if interrupt.signum == signal.SIGTERM else EXIT_INTERRUPTED
 
 
 class _WarningLines(logging.Handler):
@@ -339,11 +546,12 @@ def _library_warnings(prog: str) -> Iterator[None]:
 
 
 def _interrupted(prog: str, exc: BaseException) -> int:
+    how = "terminated" if _TERMINATED[0] else "interrupted"
     if all(isinstance(leaf, InterruptedWhileStarting) for leaf in _leaves(exc)):
-        print(f"{prog}: {InterruptedWhileStarting()}", file=sys.stderr)
+        print(f"{prog}: {how} while starting; nothing ran", file=sys.stderr)
     else:
-        print(f"{prog}: interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+        print(f"{prog}: {how}", file=sys.stderr)
+    return EXIT_TERMINATED if _TERMINATED[0] else EXIT_INTERRUPTED
 
 
 @contextmanager
@@ -361,29 +569,50 @@ def starting() -> Iterator[None]:
 
 @attrs.define
 class Interrupt:
-    """Whether Ctrl-C (SIGINT) arrived during an :func:`interruptible` block."""
+    """Whether Ctrl-C (SIGINT) or SIGTERM arrived during an :func:`interruptible` block."""
 
-    received: bool = False
+    #: The signal that stopped the block, or None.
+    signum: int | None = None
+
+    @property
+    def received(self) -> bool:
+        """Whether a signal stopped the block."""
+        return self.signum is not None
+
+    @property
+    def how(self) -> str:
+        """"interrupted" (Ctrl-C) or "terminated" (SIGTERM), for the command's last line."""
+        return "terminated" if self.signum == signal.SIGTERM else "interrupted"
 
 
 @asynccontextmanager
 async def interruptible(notice: str | None = None) -> AsyncIterator[Interrupt]:
-    """Cancel the block's work on Ctrl-C instead of raising ``KeyboardInterrupt`` into it.
+    """Cancel the block's work on Ctrl-C or SIGTERM instead of raising ``KeyboardInterrupt``
+    into it (or being killed).
 
     The block ends as a cancelled block does (in-flight requests are aborted, finished
-    results kept); the yielded :class:`Interrupt` tells whether that happened, so the command
-    can print what finished and exit with :data:`EXIT_INTERRUPTED`. ``notice`` goes to stderr
-    at once when Ctrl-C arrives. A Ctrl-C after the block ended raises ``KeyboardInterrupt``.
+    results kept); the yielded :class:`Interrupt` tells whether that happened and which
+    signal it was, so the command can print what finished and exit with
+    :func:`interrupted_status`. ``notice`` goes to stderr at once when the signal arrives,
+    after "interrupted: " or "terminated: ". A Ctrl-C after the block ended raises
+    ``KeyboardInterrupt``.
+
+    Args:
+        notice: what the command does now ("stopping new work"), or None to say nothing.
+
+    Yields:
+        The :class:`Interrupt`, filled in when a signal arrives.
     """
     interrupt = Interrupt()
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
-                async for _ in signals:
-                    interrupt.received = True
+                async for signum in signals:
+                    # a SIGTERM forwarded as Ctrl-C (it came before this block) is still a SIGTERM
+                    interrupt.signum = signal.SIGTERM if _TERMINATED[0] else signum
                     if notice is not None:
-                        print(notice, file=sys.stderr, flush=True)
+                        print(f"{interrupt.how}: {notice}", file=sys.stderr, flush=True)
                     nursery.cancel_scope.cancel()
                     return
 

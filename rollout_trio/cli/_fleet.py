@@ -44,10 +44,12 @@ from ._common import (
     positive_float,
     positive_int,
     port,
+    check_device,
+    check_model_dir,
     run_command,
 )
 
-__all__ = ["fleet_main"]
+__all__ = ["fleet_main", "plain_line"]
 
 _PROG = "rollout-trio fleet"
 #: sglang-router's routing policies (``--policy``); "manual" and "bucket" need request keys.
@@ -72,7 +74,8 @@ class _FleetParser(Parser):
 
         serve = serve_parser()
         serve.prog = self.prog  # its usage errors are this command's: one line, exit 2
-        if serve.parse_args(rest).threads is None:  # N workers share the cores, not each all of them
+        parsed.worker_args = serve.parse_args(rest)
+        if parsed.worker_args.threads is None:  # N workers share the cores, not each all of them
             share = parsed.ray_num_cpus if parsed.ray is not None else (os.cpu_count() or 1) // parsed.workers
             rest = [*rest, "--threads", str(max(1, int(share)))]
         if parsed.debug:  # a worker's failure comes with its traceback too
@@ -184,6 +187,36 @@ class Child:
         return f"status {code}"
 
 
+#: SGR sequences (colours, bold): ``ESC [ ... m``.
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+#: Every other escape sequence a terminal obeys (cursor moves, screen clears, OSC titles).
+_CSI_OR_OSC = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?)")
+
+
+def plain_line(line: str, *, colour: bool = False) -> str:
+    """A child's log line as we print it: no escape sequence but, when ``colour``, its
+    colours; any other control character shown as an escape (:func:`terminal_safe`).
+
+    Args:
+        line: one line a child wrote.
+        colour: keep its SGR colour sequences (our stderr is a terminal).
+
+    Returns:
+        The line, safe to print.
+    """
+    from .._terminal import terminal_safe
+
+    kept: list[str] = []
+    pos = 0
+    for match in _SGR.finditer(line):
+        kept.append(terminal_safe(_CSI_OR_OSC.sub("", line[pos : match.start()]), max_chars=None))
+        if colour:
+            kept.append(match.group())
+        pos = match.end()
+    kept.append(terminal_safe(_CSI_OR_OSC.sub("", line[pos:]), max_chars=None))
+    return "".join(kept)
+
+
 async def _lines(stream: trio.abc.ReceiveStream) -> Any:
     """The stream's lines, decoded, without their line ends."""
     buffer = b""
@@ -207,6 +240,8 @@ class Fleet:
         self.metrics_url = ""
         self.ready = False
         self._held: collections.deque[str] = collections.deque(maxlen=200)
+        #: The children's colours reach our stderr only when it is a terminal (and NO_COLOR is unset).
+        self.colour = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
 
     @property
     def children(self) -> list[Child]:
@@ -214,6 +249,8 @@ class Fleet:
 
     async def _spawn(self, child: Child, nursery: trio.Nursery) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if not self.colour:  # sglang-router (its Python launcher and its Rust logger) colours its lines
+            env.update(NO_COLOR="1", RUST_LOG_STYLE="never")
         child.process = await trio.lowlevel.open_process(
             child.argv,
             stdin=subprocess.DEVNULL,
@@ -244,8 +281,10 @@ class Fleet:
                 self._relay(child, line)
 
     def _relay(self, child: Child, line: str) -> None:
-        """A child's line to our stderr, prefixed; held back until ready (a failed start is one line)."""
-        text = f"[{child.name}] {line}"
+        """A child's line to our stderr, prefixed; held back until ready (a failed start is one line).
+
+        The line is shown, never obeyed (:func:`plain_line`): colours only on a terminal."""
+        text = f"[{child.name}] {plain_line(line, colour=self.colour)}"
         if self.ready or self.args.debug:
             print(text, file=sys.stderr, flush=True)
         else:
@@ -425,7 +464,10 @@ async def _serve_fleet(args: argparse.Namespace, worker_options: list[str]) -> i
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.ray is not None:
+    if args.ray is None:  # the workers' checkpoint and device are this machine's: check them before they start
+        check_model_dir(args.worker_args.model)
+        check_device(args.worker_args.device)
+    else:
         if importlib.util.find_spec("ray") is None:
             raise CommandError("--ray: Ray is not installed: pip install -e '.[ray]' from a rollout_trio checkout")
         from ..ray._cli import serve_ray_fleet

@@ -23,8 +23,11 @@ import trio
 
 from ._common import (
     Parser,
+    check_dump_path,
     import_name,
     import_object,
+    interrupted_status,
+    interruptible,
     load_tokenizer,
     non_negative_int,
     positive_int,
@@ -261,7 +264,7 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
     data = load_data(args.data, [task for _, task in by_task], args.seed)
     engine = ReplayEngine([r for rows in by_task.values() for r in rows], tokenizer=tokenizer)
     reports = []
-    async with engine:
+    async with engine, interruptible("stopping; the tasks replayed so far follow") as interrupt:
         for (is_eval, task_id), rows in sorted(by_task.items()):
             rows.sort(key=lambda r: r.sample_idx)
             try:
@@ -280,11 +283,15 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
                 for problem in report.problems:
                     print(f"    {problem}")
     bad = sum(not r.ok for r in reports)
-    print(f"\n{len(reports)} tasks replayed: {len(reports) - bad} reproduce, {bad} differ")
+    left = f", {len(by_task) - len(reports)} not replayed ({interrupt.how})" if interrupt.received else ""
+    print(f"\n{len(reports)} tasks replayed: {len(reports) - bad} reproduce, {bad} differ{left}")
+    if interrupt.received:
+        return interrupted_status(interrupt)
     return 1 if bad else 0
 
 
 def _main(args: argparse.Namespace) -> int:
+    check_dump_path(args.dump_dir)  # before transformers and torch load: this answers at once
     with starting():  # transformers loads here, once the options parsed
         if args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer)

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._common import (
-    EXIT_INTERRUPTED,
     CommandError,
     Parser,
     UsageError,
+    check_device,
+    check_model_dir,
     device,
+    interrupted_status,
     interruptible,
     load_model_and_tokenizer,
     non_negative_float,
@@ -274,7 +276,7 @@ async def _run(args: argparse.Namespace) -> int:
             summary.header()
             show_bar = sys.stderr.isatty() if args.progress is None else args.progress
             with summary.progress_bar(show_bar):
-                async with interruptible("interrupted: stopping new work and aborting episodes in flight") as interrupt:
+                async with interruptible("stopping new work and aborting episodes in flight") as interrupt:
                     with trio.move_on_after(math.inf if args.timeout is None else args.timeout) as work:
                         # Sampling follows (seed, task id, slot), whatever order the executor runs tasks in.
                         with workflow_context.use_seed(args.seed):
@@ -290,8 +292,7 @@ async def _run(args: argparse.Namespace) -> int:
                                         reward_normalization=args.reward_normalization,
                                     )  # fmt: skip
                                     remaining -= n
-    interrupted = interrupt.received
-    if work.cancelled_caught and not interrupted:
+    if work.cancelled_caught and not interrupt.received:
         print(f"rollout-trio run: stopped after --timeout {args.timeout} s", file=sys.stderr)
     elapsed = time.perf_counter() - started
     c = summary.counts
@@ -303,12 +304,14 @@ async def _run(args: argparse.Namespace) -> int:
     print(f"\n{summary.episodes} episodes in {elapsed:.1f} s")
     if args.dump is not None:
         print(f"trajectories dumped under {os.path.join(args.dump, 'run', f'seed{args.seed}')}")
-    return EXIT_INTERRUPTED if interrupted else 0
+    return interrupted_status(interrupt)
 
 
 def _main(args: argparse.Namespace) -> int:
     if args.reward_normalization and args.group_size < 2:
         raise UsageError("--reward-normalization needs --group-size >= 2 (it normalizes within a group)")
+    check_model_dir(args.model)  # before torch loads: these answer at once
+    check_device(args.device)
     if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         raise CommandError(f"--trace {args.trace}: no such directory for the trace file")
     if args.areal_compat is not None:

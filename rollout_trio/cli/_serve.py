@@ -5,7 +5,7 @@ Binds 127.0.0.1 unless ``--host`` says otherwise; any other address needs ``--ap
 picks a free port; the bound port is printed (``listening on http://HOST:PORT``) and,
 with ``--port-file``, written to a file, so tests can start the server as a subprocess.
 SIGINT or SIGTERM aborts the generations in flight (they answer with their partial
-output), lets the answers go out, and exits.
+output), lets the answers go out, says what was served, and exits.
 Also runnable as ``python -m rollout_trio.cli._serve``.
 """
 
@@ -28,6 +28,8 @@ from ._common import (
     CommandError,
     Parser,
     UsageError,
+    check_device,
+    check_model_dir,
     device,
     load_model_and_tokenizer,
     log_level,
@@ -134,7 +136,7 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 async def _serve(args: argparse.Namespace, received: list[int]) -> None:
     with starting():  # torch and transformers load here, once the options parsed
-        from ..server import ServerLimits, SGLangApp, serve_app, sglang_asgi
+        from ..server import ServerLimits
 
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
@@ -145,10 +147,50 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
     with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
         engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
         await trio.lowlevel.checkpoint()
+    started = trio.current_time()
+    apps: list[Any] = []
+    try:
+        await _serve_engine(args, received, engine, tokenizer, name, limits, apps.append)
+    finally:
+        if received and apps:  # what finished, however the shutdown went
+            how = "interrupted" if received == [signal.SIGINT] else "terminated"
+            line = served(apps[0].counters, trio.current_time() - started)
+            print(f"rollout-trio serve: {how}; {line}", file=sys.stderr, flush=True)
+
+
+def served(counters: Any, seconds: float) -> str:
+    """What a server answered, for its last line: generate requests by outcome, output
+    tokens, weight updates, over ``seconds``."""
+    received = counters["generate_received"]
+    outcomes = [
+        f"{counters[key]} {word}"
+        for key, word in (
+            ("generate_finished", "finished"),
+            ("generate_aborted", "aborted"),
+            ("generate_interrupted", "cut short at shutdown"),
+            ("generate_cancelled", "cancelled by the client"),
+        )
+        if counters[key]
+    ]
+    text = f"served {received} generate request{'s' if received != 1 else ''}"
+    if outcomes:
+        text += f" ({', '.join(outcomes)})"
+    text += f", {counters['output_tokens']} output tokens"
+    if counters["weight_updates"]:
+        text += f", {counters['weight_updates']} weight update{'s' if counters['weight_updates'] != 1 else ''}"
+    return text + f" over {seconds:.1f} s"
+
+
+async def _serve_engine(
+    args: argparse.Namespace, received: list[int], engine: Any, tokenizer: Any, name: str, limits: Any, made: Any
+) -> None:
+    from ..server import SGLangApp, serve_app, sglang_asgi
+
     async with engine, trio.open_nursery() as nursery:
         app = SGLangApp(
             engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
         )
+        made(app)
         stop = trio.Event()
 
         async def on_signal(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -199,6 +241,8 @@ def _main(args: argparse.Namespace) -> int:
             f"refusing to bind {args.host} without an api key: pass --api-key (or set ${API_KEY_ENV}), "
             "or --allow-unauthenticated"
         )
+    check_model_dir(args.model)  # before torch loads: these answer at once
+    check_device(args.device)
     setup_logging(args.log_level)
     received: list[int] = []
     trio.run(_serve, args, received)

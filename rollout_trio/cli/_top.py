@@ -23,7 +23,7 @@ from typing import Any
 from .._bounded import BadContent, BodyTooLarge, loads_json, read_response
 from .._limits import MAX_DUMP_LINE_BYTES
 from .._terminal import safe_tree
-from ._common import CommandError, Parser, positive_float, run_command
+from ._common import CommandError, Parser, positive_float, run_command, stopped_by
 
 __all__ = ["DumpSource", "HttpSource", "render", "top_main"]
 
@@ -31,6 +31,9 @@ _SPARK = "▁▂▃▄▅▆▇█"
 _HISTORY = 60
 #: The largest /metrics answer read, raw and once decoded (a run's metrics are kilobytes).
 MAX_METRICS_BYTES = 16 * 2**20
+#: Seconds one scrape may take by default: a run whose machine is saturated (its event loop
+#: shares two cores with torch's threads) was seen answering after 5 s.
+SCRAPE_TIMEOUT = 30.0
 
 
 def _parser() -> Parser:
@@ -38,6 +41,12 @@ def _parser() -> Parser:
     p.add_argument("address", metavar="ADDRESS", help="http://HOST:PORT (or HOST:PORT) serving /metrics, or a dump directory")
     p.add_argument("--interval", type=positive_float, default=1.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=SCRAPE_TIMEOUT,
+        help="seconds one scrape of /metrics may take (a run on a loaded machine answers late)",
+    )
     p.add_argument(
         "--api-key",
         default=os.environ.get("ROLLOUT_TRIO_API_KEY") or None,
@@ -61,7 +70,7 @@ class HttpSource:
     """
 
     def __init__(
-        self, address: str, api_key: str | None = None, timeout: float = 5.0, max_bytes: int = MAX_METRICS_BYTES
+        self, address: str, api_key: str | None = None, timeout: float = SCRAPE_TIMEOUT, max_bytes: int = MAX_METRICS_BYTES
     ) -> None:
         import httpx
 
@@ -265,37 +274,51 @@ def render(snap: dict[str, Any], history: dict[str, list[float]]) -> Any:
     return Group(*parts)
 
 
-def source_for(address: str, api_key: str | None = None) -> HttpSource | DumpSource:
-    """A dump directory when ``address`` is one, else an HTTP metrics endpoint."""
+def source_for(address: str, api_key: str | None = None, timeout: float = SCRAPE_TIMEOUT) -> HttpSource | DumpSource:
+    """A dump directory when ``address`` is one, else an HTTP metrics endpoint (scraped with ``timeout``)."""
     if os.path.isdir(address):
         return DumpSource(address)
     if os.sep in address and "://" not in address:
         raise CommandError(f"{address}: no such dump directory")
-    return HttpSource(address, api_key)
+    return HttpSource(address, api_key, timeout=timeout)
 
 
-def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, console: Any = None) -> None:
-    """Show ``source`` until Ctrl-C (``once``: one frame)."""
+def watch(source: HttpSource | DumpSource, *, interval: float, once: bool, console: Any = None, shown: list[int] | None = None) -> None:
+    """Show ``source`` until Ctrl-C (``once``: one frame); ``shown`` counts the frames."""
     from rich.console import Console
     from rich.live import Live
 
     console = console or Console()
     history: dict[str, list[float]] = {}
+    shown = [0] if shown is None else shown
     if once:
         console.print(render(source.read(), history))
+        shown[0] += 1
         return
-    with Live(render(source.read(), history), console=console, auto_refresh=False, screen=False) as live:
+    # Nothing else prints while it lives, so stdout and stderr stay themselves (a Ctrl-C
+    # part-way through starting it would otherwise leave them redirected).
+    with Live(console=console, auto_refresh=False, screen=False, redirect_stdout=False, redirect_stderr=False) as live:
         while True:
+            frame = render(source.read(), history)
+            shown[0] += 1  # (a Ctrl-C while it is drawn still counts it as shown)
+            live.update(frame, refresh=True)
             time.sleep(interval)
-            live.update(render(source.read(), history), refresh=True)
 
 
 def _main(args: argparse.Namespace) -> int:
-    source = source_for(args.address, args.api_key)
+    source = source_for(args.address, args.api_key, args.timeout)
+    shown = [0]
+    started = time.monotonic()
     try:
-        watch(source, interval=args.interval, once=args.once)
+        watch(source, interval=args.interval, once=args.once, shown=shown)
     except RunEnded as ended:
         print(f"rollout-trio top: the run ended ({ended})", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what it watched, then 130 or 143
+        how, status = stopped_by()
+        where = args.address if isinstance(source, DumpSource) else source.base
+        shown_for = f"showed {where} for {time.monotonic() - started:.1f} s" if shown[0] else f"nothing shown of {where} yet"
+        print(f"rollout-trio top: {how}; {shown_for}", file=sys.stderr, flush=True)
+        return status
     finally:
         source.close()
     return 0

@@ -89,8 +89,10 @@ class RewardFunction:
             "open_files": n}``; exceeding one raises :class:`RewardResourceError`.
         max_reply_bytes: process isolation: the largest encoded value a call may return.
 
-    Raises (from a call, after the last attempt):
-        RewardTimeoutError: every attempt timed out and ``timeout_reward`` is None.
+    Raises:
+        ValueError: (constructing) an argument breaks its rule, named in the message.
+        TypeError: (constructing) ``fn`` is not a callable, or cannot run in a process.
+        RewardTimeoutError: (a call, as each below: after its last attempt) every attempt timed out and ``timeout_reward`` is None.
         RewardWorkerError: the call's process died (crash, signal, ``os._exit``), its
             reply was unreadable, forged, too large or not JSON-like, it raised a
             BaseException (``SystemExit``, ``KeyboardInterrupt``: the task fails, never the

@@ -42,6 +42,11 @@ class MultiTurnWorkflow(RolloutWorkflow):
         tokenizer: a tokenizer with a chat template, or a local path.
         max_turns: attempts at most (> 0).
         turn_discount: factor per extra attempt, in (0, 1].
+
+    Raises:
+        ValueError: ``max_turns`` or ``turn_discount`` out of range, or a tokenizer whose
+            chat template does not render a conversation as a prefix of its continuation.
+        TypeError: ``reward_fn`` is not a callable or an import string.
     """
 
     def __init__(

@@ -98,6 +98,11 @@ class RLVRWorkflow(RolloutWorkflow):
     The row is prompt then completion: ``loss_mask`` 0/1, ``logprobs`` 0.0 on the
     prompt, ``versions`` -1 on the prompt, ``turn_ids`` -1 then 0, ``rewards`` the
     reward, ``is_truncated`` whether the completion hit its length limit.
+
+    Raises:
+        TypeError: ``reward_fn`` is not a callable or an import string.
+        ValueError: ``tokenizer`` or a callable's import string names nothing loadable.
+        WorkflowContractError: ``gconfig`` with the tokenizer's stop ids breaks a rule.
     """
 
     def __init__(
