@@ -38,6 +38,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._errors import WorkflowContractError as WorkflowContractError
     from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
     from ._group import run_group as run_group
+    from ._images import ImageInputError as ImageInputError
     from ._interaction import Interaction as Interaction
     from ._interaction import interactions_to_trajectory as interactions_to_trajectory
     from ._io import ModelRequest as ModelRequest
@@ -90,6 +91,7 @@ __all__ = [
     "GroupedRolloutWorkflow",
     "GroupRolloutError",
     "GroupStatistics",
+    "ImageInputError",
     "Interaction",
     "ModelRequest",
     "ModelResponse",
@@ -154,6 +156,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GroupedRolloutWorkflow": ("._group", "GroupedRolloutWorkflow"),
     "GroupRolloutError": ("._errors", "GroupRolloutError"),
     "GroupStatistics": ("._assemble", "GroupStatistics"),
+    "ImageInputError": ("._images", "ImageInputError"),
     "Interaction": ("._interaction", "Interaction"),
     "interactions_to_trajectory": ("._interaction", "interactions_to_trajectory"),
     "ModelRequest": ("._io", "ModelRequest"),

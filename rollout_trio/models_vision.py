@@ -321,14 +321,3 @@ def load_vlm(
         processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
     return model.to(device).eval(), processor  # type: ignore[arg-type]  # transformers' stubs
 
-
-def image_token_counts(processor: Any, sizes: Sequence[tuple[int, int]]) -> list[int] | None:
-    """How many placeholder tokens ``processor`` makes for images of ``(height, width)``;
-    None where the processor cannot say."""
-    count = getattr(processor, "_get_num_multimodal_tokens", None)
-    if count is None:
-        return None
-    try:
-        return [int(n) for n in count(image_sizes=[list(s) for s in sizes])["num_image_tokens"]]
-    except Exception:  # noqa: BLE001 - a processor without this arithmetic
-        return None
