@@ -41,7 +41,7 @@ class ImageInputError(WorkflowContractError):
     ``"non-empty"``, ``"pixel budget"``, ``"decompression bomb"``, ``"mode"``,
     ``"processor"``, ``"placeholders"``, ``"placeholder length"``, ``"local files"``)."""
 
-    def __init__(self, message: str, *, rule: str) -> None:
+    def __init__(self, message: str, *, rule: str = "") -> None:
         super().__init__(message)
         self.rule = rule
 

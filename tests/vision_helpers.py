@@ -41,3 +41,25 @@ def processed(processor, images, n_images: int | None = None):
     """The processor's output for ``images`` under a prompt with ``n_images`` placeholders."""
     n = len(images) if n_images is None else n_images
     return processor(images=list(images) or None, text=[prompt_text(processor, n)], return_tensors="pt")
+
+
+def generate_row(colour: str = "r", size: tuple[int, int] = (56, 56), reward: float | None = None, max_new_tokens: int = 3, mm=None):
+    """One vision training row: the tiny VLM's greedy answer to a coloured image, packed as
+    the vision workflow packs it (``multi_modal_input`` and ``mm_token_type_ids``)."""
+    import torch
+
+    from rollout_trio import ModelResponse, Trajectory
+
+    model, processor = vlm()
+    out = processed(processor, [image(colour, size)])
+    with torch.no_grad():
+        gen = model.generate(**out, max_new_tokens=max_new_tokens, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    prompt = out["input_ids"][0].tolist()
+    new = gen.sequences[0, len(prompt):].tolist()
+    lps = [float(s.log_softmax(-1)[0, t]) for s, t in zip(gen.scores, new)]
+    resp = ModelResponse(input_tokens=prompt, output_tokens=new, output_logprobs=lps, output_versions=[0] * len(new))
+    types = torch.tensor([out["mm_token_type_ids"][0].tolist() + [0] * len(new)])
+    if mm is None:
+        mm = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    r = float(chr(new[0]) == colour) if reward is None else reward
+    return Trajectory.from_response(resp, r, multi_modal_input=[mm], mm_token_type_ids=types)
