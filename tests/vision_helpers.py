@@ -63,3 +63,34 @@ def generate_row(colour: str = "r", size: tuple[int, int] = (56, 56), reward: fl
         mm = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
     r = float(chr(new[0]) == colour) if reward is None else reward
     return Trajectory.from_response(resp, r, multi_modal_input=[mm], mm_token_type_ids=types)
+
+
+def device() -> str:
+    """Where the vision engine tests run: CUDA where present (``ROLLOUT_TRIO_TEST_DEVICE`` overrides)."""
+    import os
+
+    import torch
+
+    return os.environ.get("ROLLOUT_TRIO_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def reference(model, processor, images, max_new_tokens: int):
+    """``(tokens, logprobs)`` of greedy decoding by full forward passes of the model (no KV
+    cache, positions computed by the model itself): the oracle the engine is held to."""
+    import torch
+
+    out = processed(processor, images).to(model.device)
+    ids, types = out["input_ids"], out["mm_token_type_ids"]
+    extra = {k: out[k] for k in ("pixel_values", "image_grid_thw") if k in out}
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            model.model.rope_deltas = None
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types, **extra).logits[0, -1]
+            lp = logits.float().log_softmax(-1)
+            t = int(lp.argmax())
+            tokens.append(t)
+            logprobs.append(float(lp[t]))
+            ids = torch.cat([ids, ids.new_tensor([[t]])], dim=1)
+            types = torch.cat([types, types.new_zeros((1, 1))], dim=1)
+    return tokens, logprobs

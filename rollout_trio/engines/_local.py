@@ -33,6 +33,7 @@ import trio
 
 from ..workflow_context import request_seed
 from .._errors import EngineError, EngineTimeoutError, UnsupportedRequestError
+from .._images import image_token_id
 from .._io import ModelRequest, ModelResponse
 from ._local_batch import KVBatch, check_supported
 from ._local_sampling import RowSampling, sample_rows
@@ -85,6 +86,7 @@ class _Seq:
     first_token_at: float | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    vision: dict[str, Any] | None = None  # the images' processor tensors (a VLM's prompt)
 
     def inputs(self) -> list[int]:
         return self.prompt + self.tokens
@@ -96,7 +98,8 @@ class LocalEngine:
     Use it as an async context manager; leaving it stops and joins the worker thread.
 
     Args:
-        model: a transformers causal LM (full attention, e.g. Llama / Qwen / GPT-2).
+        model: a transformers causal LM (full attention, e.g. Llama / Qwen / GPT-2), or a
+            Qwen-VL-style image-text-to-text model (requests then may carry images).
         tokenizer: its tokenizer; supplies eos and pad ids and is attached to responses.
         device: move the model there; None keeps the model's device.
         max_batch_tokens: admission cap on the tokens held in the KV cache (sum of each
@@ -186,6 +189,11 @@ class LocalEngine:
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if _is_vlm_checkpoint(path):
+            from ..models_vision import load_vlm
+
+            model, processor = load_vlm(path, device=device, dtype=dtype)
+            return cls(model, processor.tokenizer, **kwargs)
         model, tokenizer = load_model(path, device=device, dtype=dtype)
         return cls(model, tokenizer, **kwargs)
 
@@ -239,7 +247,11 @@ class LocalEngine:
             EngineError: the engine is not running or the forward pass failed.
         """
         await trio.lowlevel.checkpoint()  # every path checkpoints, errors included
+        if req.image_data:
+            self._check_takes_images(req)
         seq = self._make_seq(req)
+        if req.image_data:
+            seq.vision = await self._vision_of(req)
         self._check_running()
         with self._cond:
             self._pending.append(seq)
@@ -430,6 +442,28 @@ class LocalEngine:
             done=trio.Event(),
         )
 
+    def _check_takes_images(self, req: ModelRequest) -> None:
+        image_token = getattr(self._model.config, "image_token_id", None)
+        if not isinstance(image_token, int) or not hasattr(getattr(self._model, "model", None), "get_rope_index"):
+            raise UnsupportedRequestError(
+                f"ModelRequest.image_data: this engine's model ({type(self._model).__name__}) takes no images"
+            )
+        if image_token_id(req.processor) != image_token:
+            raise UnsupportedRequestError(
+                f"ModelRequest.processor: its image token {image_token_id(req.processor)} is not the model's ({image_token})"
+            )
+
+    async def _vision_of(self, req: ModelRequest) -> dict[str, Any]:
+        """The processor tensors of ``req``'s images: the request's own, or made here (in a thread)."""
+        mm: dict[str, Any]
+        if req.multi_modal_input is not None:
+            mm = req.multi_modal_input
+        else:
+            processor = req.processor
+            images = list(req.image_data)
+            mm = await trio.to_thread.run_sync(lambda: dict(processor.image_processor(images=images, return_tensors="pt")))
+        return {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
+
     def _cancel(self, seq: _Seq) -> None:
         # Synchronous, so it needs no shield: the worker drops the row at its next boundary
         # and never commits another token (or step count) for it.
@@ -446,12 +480,13 @@ class LocalEngine:
             if isinstance(source, Mapping):
                 state = dict(source)
             else:
-                from transformers import AutoModelForCausalLM
+                from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
                 path = os.fspath(source)
                 if not os.path.isdir(path):
                     raise FileNotFoundError(f"source: {path!r} is not a checkpoint directory")
-                loaded = AutoModelForCausalLM.from_pretrained(path, dtype=self._model.dtype, local_files_only=True)
+                auto = AutoModelForImageTextToText if _is_vlm(self._model) else AutoModelForCausalLM
+                loaded = auto.from_pretrained(path, dtype=self._model.dtype, local_files_only=True)
                 state = loaded.state_dict()
             with torch.no_grad():
                 self._model.load_state_dict(state, strict=True)
@@ -551,7 +586,8 @@ class LocalEngine:
         first_row = len(self._active) if prefill else 0
         try:
             if prefill:
-                logits = self._batch.prefill([s.inputs() for s in seqs])
+                vision = [s.vision for s in seqs] if any(s.vision is not None for s in seqs) else None
+                logits = self._batch.prefill([s.inputs() for s in seqs], vision)
             else:
                 logits = self._batch.decode()
             masked = [s.stop_ids if len(s.tokens) < s.min_new else () for s in seqs]
@@ -603,6 +639,21 @@ class LocalEngine:
                 keep = [i for i in range(len(self._active)) if i not in dead]
                 self._active = [self._active[i] for i in keep]
                 self._batch.keep(keep)
+
+
+def _is_vlm(model: Any) -> bool:
+    return getattr(model.config, "vision_config", None) is not None
+
+
+def _is_vlm_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """The directory's config describes an image-text-to-text model (it has a vision config)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return isinstance(json.load(f).get("vision_config"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
