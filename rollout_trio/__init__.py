@@ -72,6 +72,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from .rewards import RewardTimeoutError as RewardTimeoutError
     from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
     from .workflows import RLVRWorkflow as RLVRWorkflow
+    from .workflows import VisionRLVRWorkflow as VisionRLVRWorkflow
 
 __version__ = "0.1.0"
 
@@ -114,6 +115,7 @@ __all__ = [
     "TrajectoryDumper",
     "UnsupportedRequestError",
     "VersionMismatchError",
+    "VisionRLVRWorkflow",
     "WorkflowContractError",
     "check_trajectory_format",
     "concat_trajectories",
@@ -192,6 +194,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TrajectoryDumper": (".executor", "TrajectoryDumper"),
     "UnsupportedRequestError": ("._errors", "UnsupportedRequestError"),
     "VersionMismatchError": ("._errors", "VersionMismatchError"),
+    "VisionRLVRWorkflow": (".workflows", "VisionRLVRWorkflow"),
     "workflow_context": (".workflow_context", None),
     "WorkflowContractError": ("._errors", "WorkflowContractError"),
 }

@@ -94,3 +94,23 @@ def reference(model, processor, images, max_new_tokens: int):
             ids = torch.cat([ids, ids.new_tensor([[t]])], dim=1)
             types = torch.cat([types, types.new_zeros((1, 1))], dim=1)
     return tokens, logprobs
+
+
+def counting_processor():
+    """The tiny VLM's real processor, counting its calls (how often a prompt was preprocessed)."""
+    from rollout_trio.models_vision import ImageOnlyProcessor
+
+    class CountingProcessor(ImageOnlyProcessor):
+        calls = 0
+
+        def __call__(self, *args, **kwargs):
+            type(self).calls += 1
+            return super().__call__(*args, **kwargs)
+
+    _, processor = vlm()
+    return CountingProcessor(image_processor=processor.image_processor, tokenizer=processor.tokenizer)
+
+
+def colour_reward(prompt, completions, prompt_ids, completion_ids, answer, **data):
+    """1.0 when the completion starts with the image's colour letter."""
+    return float(completions.strip().startswith(answer))

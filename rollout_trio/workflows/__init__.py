@@ -6,8 +6,9 @@ from ._multi_turn import MultiTurnWorkflow as MultiTurnWorkflow
 from ._rlvr import RewardFn as RewardFn
 from ._rlvr import RLVRWorkflow as RLVRWorkflow
 from ._rlvr import rlvr_workflow as rlvr_workflow
+from ._vision_rlvr import VisionRLVRWorkflow as VisionRLVRWorkflow
 
-__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RewardFn", "arithmetic_prompts", "arithmetic_reward", "rlvr_workflow"]
+__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RewardFn", "VisionRLVRWorkflow", "arithmetic_prompts", "arithmetic_reward", "rlvr_workflow"]
 
 from .._util import fixup_module_metadata as _fixup_module_metadata
 
