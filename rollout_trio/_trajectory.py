@@ -204,6 +204,13 @@ def _validate_multi_modal(t: Trajectory, mm: Any, where: str) -> None:
         if types is not None:
             attended = types[row][t.attention_mask[row]]
             runs = placeholder_runs(attended.tolist(), 1) if bool((attended == 1).any()) else []
+            if runs:  # the placeholder token (the ids under type 1) must appear nowhere else
+                ids = t.input_ids[row][t.attention_mask[row]]
+                stray = torch.isin(ids[attended != 1], torch.unique(ids[attended == 1]))
+                if bool(stray.any()):
+                    raise _fail(where, "mm_token_type_ids", f"row {row}: an image placeholder token outside the image placeholders "
+                                "(one generated in the completion?) would take image features the row does not have",
+                                "placeholder tokens only under mm_token_type_ids == 1", f"{int(stray.sum())} more")  # fmt: skip
         if item is None or (isinstance(item, dict) and not item):
             if runs:
                 raise _fail(where, f"multi_modal_input[{row}]", "image placeholders need their pixel values",

@@ -102,3 +102,11 @@ def test_text_only_rows_next_to_vision_rows() -> None:
                                  "mm_token_type_ids": torch.zeros_like(row.input_ids)})  # fmt: skip
     joined = concat_trajectories([row, text])
     assert joined.extras["multi_modal_input"][1] is None
+
+
+def test_an_image_placeholder_generated_in_the_completion_is_refused() -> None:
+    row = generate_row("r").to_dict()
+    ids = row["input_ids"].clone()
+    ids[0, -1] = 261  # <|image_pad|> as the last completion token
+    with pytest.raises(WorkflowContractError, match="image placeholder token outside the image placeholders"):
+        Trajectory.from_dict({**row, "input_ids": ids})

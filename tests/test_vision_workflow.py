@@ -127,3 +127,16 @@ def test_exported_from_the_root_and_workflows_and_a_processor_is_required() -> N
     assert rollout_trio.VisionRLVRWorkflow is rollout_trio.workflows.VisionRLVRWorkflow
     with pytest.raises(ValueError, match="processor: required"):
         VisionRLVRWorkflow(colour_reward, GCONFIG, tokenizer=vlm()[1].tokenizer)
+
+
+async def test_a_completion_holding_the_image_placeholder_is_rejected_and_counted() -> None:
+    from rollout_trio.models_vision import tiny_vlm
+    from rollout_trio.workflow_context import StatsRecorder
+
+    model, processor = tiny_vlm(transitions={ord("\n"): {261: 30.0}})  # always answers <|image_pad|>
+    wf = VisionRLVRWorkflow(colour_reward, GCONFIG, processor=processor)
+    stats = StatsRecorder()
+    async with LocalEngine(model, processor.tokenizer) as engine:
+        with workflow_context.use_stats_recorder(stats), workflow_context.use(WorkflowContext(task_id=0)):
+            assert await wf.arun_episode(engine, task("r")) is None
+    assert any("vision/placeholder_generated" in key for key in stats.summaries())

@@ -136,7 +136,9 @@ class VisionRLVRWorkflow(RolloutWorkflow):
 
     The row is prompt then completion as in :class:`~rollout_trio.workflows.RLVRWorkflow`
     (``turn_ids`` included), plus ``multi_modal_input`` (one dict of the processor's image
-    tensors) and ``mm_token_type_ids``.
+    tensors) and ``mm_token_type_ids``. A completion holding the image placeholder token is
+    rejected (the episode returns None, counted as ``vision/placeholder_generated``): the
+    placeholder would take image features the row does not have.
 
     Raises:
         ValueError: no processor.
@@ -194,7 +196,7 @@ class VisionRLVRWorkflow(RolloutWorkflow):
         key = ("vision_rlvr", id(self.processor), text_key, tuple(_image_key(i) for i in images))
         return await cache.get_or_compute(key, compute)
 
-    async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory:
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
         prep = await self.prepare(data)
         req = ModelRequest(
             input_ids=prep.input_ids,
@@ -206,12 +208,17 @@ class VisionRLVRWorkflow(RolloutWorkflow):
             max_image_pixels=self.max_image_pixels,
         )
         resp = await engine.agenerate(req)
+        image_token = image_token_id(self.processor)
+        if image_token in resp.output_tokens:
+            # A generated placeholder would take image features the row does not have: the
+            # trainer's forward pass fails on it. The rollout is rejected (counted), not trained on.
+            workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"vision/placeholder_generated": 1.0})
+            return None
         prompt_str = self.tokenizer.decode(list(resp.input_tokens))
         completion_str = self.tokenizer.decode(list(resp.output_tokens))
         reward = await self.reward(prompt_str, completion_str, list(resp.input_tokens), list(resp.output_tokens), **data)
         workflow_context.stats_recorder().record(workflow_context.stat_scope(), {"reward": float(reward)})
         n_in, n_out = resp.input_len, resp.output_len
-        image_token = image_token_id(self.processor)
         types = [int(t == image_token) for t in resp.input_tokens]
         return Trajectory.from_response(
             resp,
