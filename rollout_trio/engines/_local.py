@@ -33,10 +33,10 @@ import trio
 
 from ..workflow_context import request_seed
 from .._errors import EngineError, EngineTimeoutError, UnsupportedRequestError
-from .._images import image_token_id
 from .._io import ModelRequest, ModelResponse
 from ._local_batch import KVBatch, check_supported
 from ._local_sampling import RowSampling, sample_rows
+from ._local_vision import check_takes_images, is_vlm, is_vlm_checkpoint, vision_tensors
 from ._protocol import WeightsSource
 
 __all__ = ["LocalEngine", "LocalEngineStatistics"]
@@ -189,7 +189,7 @@ class LocalEngine:
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if _is_vlm_checkpoint(path):
+        if is_vlm_checkpoint(path):
             from ..models_vision import load_vlm
 
             model, processor = load_vlm(path, device=device, dtype=dtype)
@@ -248,10 +248,10 @@ class LocalEngine:
         """
         await trio.lowlevel.checkpoint()  # every path checkpoints, errors included
         if req.image_data:
-            self._check_takes_images(req)
+            check_takes_images(self._model, req)
         seq = self._make_seq(req)
         if req.image_data:
-            seq.vision = await self._vision_of(req)
+            seq.vision = await vision_tensors(req)
         self._check_running()
         with self._cond:
             self._pending.append(seq)
@@ -442,27 +442,6 @@ class LocalEngine:
             done=trio.Event(),
         )
 
-    def _check_takes_images(self, req: ModelRequest) -> None:
-        image_token = getattr(self._model.config, "image_token_id", None)
-        if not isinstance(image_token, int) or not hasattr(getattr(self._model, "model", None), "get_rope_index"):
-            raise UnsupportedRequestError(
-                f"ModelRequest.image_data: this engine's model ({type(self._model).__name__}) takes no images"
-            )
-        if image_token_id(req.processor) != image_token:
-            raise UnsupportedRequestError(
-                f"ModelRequest.processor: its image token {image_token_id(req.processor)} is not the model's ({image_token})"
-            )
-
-    async def _vision_of(self, req: ModelRequest) -> dict[str, Any]:
-        """The processor tensors of ``req``'s images: the request's own, or made here (in a thread)."""
-        mm: dict[str, Any]
-        if req.multi_modal_input is not None:
-            mm = req.multi_modal_input
-        else:
-            processor = req.processor
-            images = list(req.image_data)
-            mm = await trio.to_thread.run_sync(lambda: dict(processor.image_processor(images=images, return_tensors="pt")))
-        return {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
 
     def _cancel(self, seq: _Seq) -> None:
         # Synchronous, so it needs no shield: the worker drops the row at its next boundary
@@ -485,7 +464,7 @@ class LocalEngine:
                 path = os.fspath(source)
                 if not os.path.isdir(path):
                     raise FileNotFoundError(f"source: {path!r} is not a checkpoint directory")
-                auto = AutoModelForImageTextToText if _is_vlm(self._model) else AutoModelForCausalLM
+                auto = AutoModelForImageTextToText if is_vlm(self._model) else AutoModelForCausalLM
                 loaded = auto.from_pretrained(path, dtype=self._model.dtype, local_files_only=True)
                 state = loaded.state_dict()
             with torch.no_grad():
@@ -639,21 +618,6 @@ class LocalEngine:
                 keep = [i for i in range(len(self._active)) if i not in dead]
                 self._active = [self._active[i] for i in keep]
                 self._batch.keep(keep)
-
-
-def _is_vlm(model: Any) -> bool:
-    return getattr(model.config, "vision_config", None) is not None
-
-
-def _is_vlm_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """The directory's config describes an image-text-to-text model (it has a vision config)."""
-    import json
-
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            return isinstance(json.load(f).get("vision_config"), dict)
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
