@@ -169,3 +169,22 @@ def test_placeholder_runs_and_base64_encoding_is_memoised() -> None:
     with pytest.raises(ImageInputError) as excinfo:
         decode_image(__file__, allow_paths=False)
     assert "reads no local files" in str(excinfo.value)
+
+
+def test_json_carries_images_as_base64_and_never_the_processor_or_its_tensors() -> None:
+    import json
+
+    from rollout_trio import from_json, to_json
+
+    _, processor = vlm()
+    out = processed(processor, [image("g")])
+    req = ModelRequest(input_ids=out["input_ids"][0].tolist(), image_data=[image("g")], processor=processor,
+                       multi_modal_input={"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]})  # fmt: skip
+    data = json.loads(to_json(req))
+    assert "processor" not in data and "multi_modal_input" not in data and "tokenizer" not in data
+    assert decode_image(data["image_data"][0]).getpixel((2, 2)) == image("g").getpixel((2, 2))
+    with pytest.raises(ImageInputError) as excinfo:  # read back, the images need their processor again
+        from_json(to_json(req), ModelRequest)
+    assert rule_of(excinfo) == "processor"
+    plain = ModelRequest(input_ids=[1, 2])
+    assert from_json(to_json(plain), ModelRequest) == plain
