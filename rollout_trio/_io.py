@@ -31,10 +31,10 @@ def _ints(value: Iterable[int]) -> tuple[int, ...]:
 
 def _images(value: Any) -> tuple[Any, ...]:
     # One image or a sequence of them (AReaL passes lists, or None for none).
-    if value is None:
-        return ()
     if type(value) is tuple:
         return value
+    if value is None:
+        return ()
     if isinstance(value, (list, Iterable)) and not isinstance(value, (str, bytes, bytearray, memoryview)) and not hasattr(value, "getpixel"):
         return tuple(value)
     return (value,)
