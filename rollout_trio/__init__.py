@@ -38,6 +38,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._errors import WorkflowContractError as WorkflowContractError
     from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
     from ._group import run_group as run_group
+    from ._images import ImageInputError as ImageInputError
     from ._interaction import Interaction as Interaction
     from ._interaction import interactions_to_trajectory as interactions_to_trajectory
     from ._io import ModelRequest as ModelRequest
@@ -74,6 +75,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from .rewards import RewardTimeoutError as RewardTimeoutError
     from .workflows import MultiTurnWorkflow as MultiTurnWorkflow
     from .workflows import RLVRWorkflow as RLVRWorkflow
+    from .workflows import VisionRLVRWorkflow as VisionRLVRWorkflow
 
 __version__ = "0.1.0"
 
@@ -94,6 +96,7 @@ __all__ = [
     "GroupedRolloutWorkflow",
     "GroupRolloutError",
     "GroupStatistics",
+    "ImageInputError",
     "Interaction",
     "ModelRequest",
     "ModelResponse",
@@ -116,6 +119,7 @@ __all__ = [
     "TrajectoryDumper",
     "UnsupportedRequestError",
     "VersionMismatchError",
+    "VisionRLVRWorkflow",
     "WorkflowContractError",
     "check_trajectory_format",
     "concat_trajectories",
@@ -161,6 +165,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "GroupedRolloutWorkflow": ("._group", "GroupedRolloutWorkflow"),
     "GroupRolloutError": ("._errors", "GroupRolloutError"),
     "GroupStatistics": ("._assemble", "GroupStatistics"),
+    "ImageInputError": ("._images", "ImageInputError"),
     "Interaction": ("._interaction", "Interaction"),
     "interactions_to_trajectory": ("._interaction", "interactions_to_trajectory"),
     "ModelRequest": ("._io", "ModelRequest"),
@@ -198,6 +203,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TrajectoryDumper": (".executor", "TrajectoryDumper"),
     "UnsupportedRequestError": ("._errors", "UnsupportedRequestError"),
     "VersionMismatchError": ("._errors", "VersionMismatchError"),
+    "VisionRLVRWorkflow": (".workflows", "VisionRLVRWorkflow"),
     "workflow_context": (".workflow_context", None),
     "WorkflowContractError": ("._errors", "WorkflowContractError"),
 }

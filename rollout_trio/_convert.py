@@ -78,17 +78,26 @@ def _make() -> cattrs.Converter:
     conv.register_unstructure_hook(Trajectory, _unstructure_trajectory)
     conv.register_structure_hook(Trajectory, _structure_trajectory)
     for cls in (ModelRequest, ModelResponse):
-        # The tokenizer is a live object, never serialized.
-        conv.register_unstructure_hook(
-            cls, cattrs.gen.make_dict_unstructure_fn(cls, conv, tokenizer=cattrs.gen.override(omit=True))
-        )
+        # The tokenizer is a live object, never serialized; so is a request's processor, and
+        # its processor tensors are what the processor makes again from the images, which
+        # travel as base64 PNG (a request read back needs its processor given again).
+        live: dict[str, Any] = {"tokenizer": cattrs.gen.override(omit=True)}
+        if cls is ModelRequest:
+            live |= {"processor": cattrs.gen.override(omit=True), "multi_modal_input": cattrs.gen.override(omit=True)}
+            live_out: dict[str, Any] = {**live, "image_data": cattrs.gen.override(unstruct_hook=_images_base64)}
+        else:
+            live_out = live
+        conv.register_unstructure_hook(cls, cattrs.gen.make_dict_unstructure_fn(cls, conv, **live_out))
         conv.register_structure_hook(
-            cls,
-            cattrs.gen.make_dict_structure_fn(
-                cls, conv, tokenizer=cattrs.gen.override(omit=True), _cattrs_forbid_extra_keys=True
-            ),
+            cls, cattrs.gen.make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **live)
         )
     return conv
+
+
+def _images_base64(images: tuple[Any, ...]) -> list[str]:
+    from ._images import encode_image_base64
+
+    return [encode_image_base64(img) for img in images]
 
 
 #: The converter for every contract type (``converter.unstructure`` / ``converter.structure``).

@@ -42,6 +42,10 @@ class Interaction:
         output_message_list: the messages the model produced.
         interaction_id: the completion id.
         rollout_index: which usable rollout of a group the interaction came from (set on merge).
+        multi_modal_input: the processor's tensors of the prompt's images (a VLM call);
+            the row then carries them (``multi_modal_input``, and ``mm_token_type_ids``
+            marking the prompt's ``image_token_id`` positions).
+        image_token_id: the image placeholder token of that call's processor.
 
     Raises:
         ValueError: ``chat_template_type`` is neither "hf" nor "concat".
@@ -59,6 +63,8 @@ class Interaction:
     output_message_list: list[dict[str, Any]] | None = None
     interaction_id: str | None = None
     rollout_index: int | None = None
+    multi_modal_input: dict[str, Any] | None = None
+    image_token_id: int | None = None
     _cache: Trajectory | None = attrs.field(default=None, alias="cache")
 
     @property
@@ -109,6 +115,10 @@ class Interaction:
         assert self.model_response is not None
         reward = 0.0 if self.reward is None else as_reward_scalar(self.reward, what="Interaction.reward")
         original = reward if self.original_reward is None else as_reward_scalar(self.original_reward, what="Interaction.original_reward")
+        extras: dict[str, Any] = {}
+        if self.multi_modal_input is not None:
+            types = _image_token_types(ids, self.image_token_id, self.model_response.input_len)
+            extras = {"multi_modal_input": [self.multi_modal_input], "mm_token_type_ids": types}
         self._cache = Trajectory(
             input_ids=torch.tensor([ids], dtype=torch.int32),
             attention_mask=torch.ones(1, len(ids), dtype=torch.bool),
@@ -118,8 +128,15 @@ class Interaction:
             rewards=torch.tensor([reward], dtype=torch.float32),
             original_rewards=torch.tensor([original], dtype=torch.float32),
             is_truncated=torch.tensor([self.model_response.stop_reason == "length"]),
+            extras=extras,
         )
         return self._cache
+
+
+def _image_token_types(ids: list[int], token: int | None, n_prompt: int) -> torch.Tensor:
+    """``mm_token_type_ids`` of a VLM call's row: 1 on the prompt's image placeholders."""
+    types = [int(t == token) for t in ids[:n_prompt]] + [0] * (len(ids) - n_prompt)
+    return torch.tensor([types], dtype=torch.int32)
 
 
 def _reference(bucket: list[Interaction], k: int) -> float | None:
@@ -164,6 +181,11 @@ def interactions_to_trajectory(interactions: Mapping[str, Interaction]) -> Traje
         rows.extend(trajs)
         counts.append(sum(t.batch_size for t in trajs))
         refs.append(_reference(bucket, k))
+    if any("multi_modal_input" in t.extras for t in rows) and not all("multi_modal_input" in t.extras for t in rows):
+        # Text-only calls beside VLM calls: rows of one layout (no images, no placeholders).
+        rows = [t if "multi_modal_input" in t.extras else t._replace_unchecked(
+            extras={**t.extras, "multi_modal_input": [None], "mm_token_type_ids": torch.zeros_like(t.input_ids, dtype=torch.int32)})
+            for t in rows]  # fmt: skip
     merged = concat_trajectories(rows).to_dict()
     merged["rollout_group"] = RolloutGroup(tuple(counts), tuple(refs))
     return Trajectory.from_dict(merged)

@@ -13,6 +13,7 @@ import attrs
 
 from ._config import GenerationConfig
 from ._errors import WorkflowContractError
+from ._images import DEFAULT_MAX_IMAGE_PIXELS, check_request_images
 from ._validate import int_list, is_int, is_real, only_type, rule
 
 __all__ = ["ModelRequest", "ModelResponse", "StopReason"]
@@ -26,6 +27,17 @@ _DEFAULT_GCONFIG = GenerationConfig()
 
 def _ints(value: Iterable[int]) -> tuple[int, ...]:
     return value if type(value) is tuple else tuple(value)
+
+
+def _images(value: Any) -> tuple[Any, ...]:
+    # One image or a sequence of them (AReaL passes lists, or None for none).
+    if type(value) is tuple:
+        return value
+    if value is None:
+        return ()
+    if isinstance(value, (list, Iterable)) and not isinstance(value, (str, bytes, bytearray, memoryview)) and not hasattr(value, "getpixel"):
+        return tuple(value)
+    return (value,)
 
 
 def _floats(value: Iterable[float]) -> tuple[float, ...]:
@@ -68,9 +80,18 @@ class ModelRequest:
         rid: the request id (default: a new unique one).
         tokenizer: decodes the answer where an engine or workflow needs text (not compared).
         metadata: anything the caller wants carried along (not compared).
+        image_data: the prompt's images in placeholder order (``PIL`` images, encoded
+            bytes, base64 strings or ``data:image/`` URLs, or file paths; stored decoded, as
+            RGB ``PIL`` images); needs ``processor``.
+        processor: the processor that made the image placeholders in ``input_ids``.
+        multi_modal_input: that processor's tensors for these images (``pixel_values``,
+            ``image_grid_thw``, ...), so that a local engine does not process them again.
+        max_image_pixels: the pixel budget of one image.
+        vision_msg_vllm: (AReaL's name) the chat messages a vLLM server is sent.
 
     Raises:
         WorkflowContractError: a field breaks its rule (a negative or non-int token id).
+        ImageInputError: an image field breaks its rule (named in the message).
     """
 
     input_ids: tuple[int, ...] = attrs.field(converter=_ints)
@@ -78,13 +99,22 @@ class ModelRequest:
     rid: str = attrs.field(factory=_new_rid)
     tokenizer: Any = attrs.field(default=None, eq=False, repr=False)
     metadata: dict[str, Any] = attrs.field(factory=dict, eq=False)
+    image_data: tuple[Any, ...] = attrs.field(default=(), converter=_images, eq=False, repr=False)
+    processor: Any = attrs.field(default=None, eq=False, repr=False)
+    multi_modal_input: dict[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    vision_msg_vllm: list[Any] | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         # One check of every field; the per-field rules only run to name what failed.
         ids = self.input_ids
         if (not ids or _plain_token_ids(ids)) and type(self.gconfig) is GenerationConfig and type(self.rid) is str and self.rid:
-            return
-        _REQUEST_RULES.check(self)
+            if not self.image_data and self.multi_modal_input is None and self.max_image_pixels is DEFAULT_MAX_IMAGE_PIXELS:
+                return
+        else:
+            _REQUEST_RULES.check(self)
+        images = check_request_images(self.image_data, ids, self.processor, self.multi_modal_input, self.max_image_pixels)
+        object.__setattr__(self, "image_data", images)
 
     def copy(self, **changes: Any) -> ModelRequest:
         """A copy with ``changes`` applied (a fresh ``metadata`` dict)."""

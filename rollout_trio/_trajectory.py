@@ -19,6 +19,14 @@ rollout_group     RolloutGroup row counts per logical rollout, summing to B
 
 Any other key is an *extra*: a tensor with a leading dimension of B, a list of B
 items, or any other value (kept as is). Nothing but the attention-mask cast is coerced.
+
+Vision rows (AReaL's layout): ``multi_modal_input`` is a list of B items, each None (a
+text-only row) or the dict of processor tensors of that row's images (``pixel_values``,
+``image_grid_thw``, and whatever else the processor returns); ``mm_token_type_ids``
+[B, L] marks the image placeholder positions with 1. A row's ``pixel_values`` must have
+the rows its ``image_grid_thw`` makes, and, where ``mm_token_type_ids`` is given, its
+image placeholder runs the tokens those pixel rows make (``t*h*w / 4``, Qwen-VL's 2x2
+spatial merge).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import attrs
 import torch
 
 from ._errors import RewardValueError, WorkflowContractError
+from ._images import check_multi_modal_input, placeholder_runs
 from ._io import ModelResponse
 from ._rollout_group import FLOAT32_MAX, RolloutGroup, as_reward_scalar
 
@@ -184,6 +193,40 @@ def _validate_fields(t: Trajectory, where: str = "") -> None:
             raise _fail(where, key, "extra tensors must have one entry per row", f"leading dim {rows}", f"shape {list(value.shape)}")
         if isinstance(value, list) and len(value) != rows:
             raise _fail(where, key, "extra lists must have one item per row", f"length {rows}", f"length {len(value)}")
+    mm = t.extras.get("multi_modal_input")
+    if mm is not None:
+        _validate_multi_modal(t, mm, where)
+
+
+def _validate_multi_modal(t: Trajectory, mm: Any, where: str) -> None:
+    """Each row's processor tensors against its image placeholders (see the module docstring)."""
+    if not isinstance(mm, list):
+        raise _fail(where, "multi_modal_input", "must be a list of one dict (or None) per row", "a list", type(mm).__name__)
+    types = t.extras.get("mm_token_type_ids")
+    if not (isinstance(types, torch.Tensor) and types.shape == t.input_ids.shape):
+        types = None
+    for row, item in enumerate(mm):
+        runs = None
+        if types is not None:
+            attended = types[row][t.attention_mask[row]]
+            runs = placeholder_runs(attended.tolist(), 1) if bool((attended == 1).any()) else []
+            if runs:  # the placeholder token (the ids under type 1) must appear nowhere else
+                ids = t.input_ids[row][t.attention_mask[row]]
+                stray = torch.isin(ids[attended != 1], torch.unique(ids[attended == 1]))
+                if bool(stray.any()):
+                    raise _fail(where, "mm_token_type_ids", f"row {row}: an image placeholder token outside the image placeholders "
+                                "(one generated in the completion?) would take image features the row does not have",
+                                "placeholder tokens only under mm_token_type_ids == 1", f"{int(stray.sum())} more")  # fmt: skip
+        if item is None or (isinstance(item, dict) and not item):
+            if runs:
+                raise _fail(where, f"multi_modal_input[{row}]", "image placeholders need their pixel values",
+                            "a dict with pixel_values and image_grid_thw", f"None for {len(runs)} placeholders")  # fmt: skip
+            continue
+        check_multi_modal_input(item, where=f"{where}'multi_modal_input'[{row}]", n_images=None if runs is None else len(runs), runs=runs)
+        pixels = item.get("pixel_values")
+        if isinstance(pixels, torch.Tensor) and pixels.device != t.input_ids.device:
+            raise _fail(where, f"multi_modal_input[{row}]", "pixel_values must be on the same device as input_ids",
+                        str(t.input_ids.device), str(pixels.device))  # fmt: skip
 
 
 def _cast_attention_mask(value: Any) -> Any:

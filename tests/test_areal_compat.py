@@ -184,9 +184,7 @@ async def test_seed_custom_task_workflow_runs_with_its_two_edits(hook, model_and
     assert stats["rollout/phase/reward_seconds"].count == 3
 
 
-@pytest.mark.skip(reason="vision_rlvr.py needs ModelRequest.image_data / processor: the vision issue (branch `vision`) has not landed in main")
-def test_vision_rlvr_workflow_file_runs_unchanged():
-    raise AssertionError("runs once vision lands")
+# AReaL's workflow/vision_rlvr.py: tests/test_areal_vision.py (with the tiny VLM).
 
 
 @pytest.mark.skip(

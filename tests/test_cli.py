@@ -35,6 +35,7 @@ from rollout_trio.cli._common import (
 BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
     "run": {
         "--debug": (["--debug=yes"], 2, "--debug: ignored explicit argument 'yes'"),
+        "--task": (["--task", "poetry"], 2, "--task: invalid choice: 'poetry'"),
         "--groups": (["--groups", "0"], 2, "--groups: must be an integer >= 1, got '0'"),
         "--group-size": (["--group-size", "two"], 2, "--group-size: must be an integer >= 1, got 'two'"),
         "--concurrency": (["--concurrency", "-3"], 2, "--concurrency: must be an integer >= 1"),

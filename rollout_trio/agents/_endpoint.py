@@ -24,11 +24,13 @@ import trio
 from .._config import GenerationConfig
 from .._errors import UnsupportedRequestError, WorkflowContractError
 from .._http import HTTPApp, HTTPError, Request, Response, ServerLimits, json_bytes
+from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageInputError, image_token_id
 from .._interaction import Interaction
 from .._io import ModelRequest, ModelResponse
 from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls, prompt_chars
+from ._vision import vision_prompt
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
@@ -63,6 +65,12 @@ class OpenAIEndpoint:
         body_timeout: seconds to receive a request body; a slower client gets a 408.
         max_prompt_chars: the most characters a conversation (messages and tools) may
             hold; a longer one is refused (400) before it is tokenized.
+        processor: the model's image processor (a VLM's): user messages may then hold
+            OpenAI ``image_url`` parts, as ``data:image/...;base64`` URLs or local files
+            (``file://`` or an absolute path); nothing is fetched from the network. The
+            images are recorded in the interaction (``multi_modal_input``).
+        max_image_pixels: the pixel budget of one image.
+        local_image_files: whether ``image_url`` may name a local file.
 
     Every route but ``/health`` needs ``Authorization: Bearer <session key>`` from
     :meth:`session`.
@@ -80,7 +88,12 @@ class OpenAIEndpoint:
         max_body_bytes: int = 8 * 1024 * 1024,
         body_timeout: float = 60.0,
         max_prompt_chars: int = 1024 * 1024,
+        processor: Any = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+        local_image_files: bool = True,
     ) -> None:
+        if tokenizer is None and processor is not None:
+            tokenizer = getattr(processor, "tokenizer", None)
         tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("tokenizer: required (the engine has no .tokenizer to default to)")
@@ -102,6 +115,9 @@ class OpenAIEndpoint:
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.max_prompt_chars = max_prompt_chars
+        self.processor = processor
+        self.max_image_pixels = max_image_pixels
+        self.local_image_files = local_image_files
         self.engine_takes_stop_strings = True  # until the engine refuses them once
         self._sessions: dict[str, AgentSession] = {}
         self._gconfigs: dict[tuple[int, float | None, float | None, tuple[str, ...]], GenerationConfig] = {}
@@ -196,9 +212,16 @@ class OpenAIEndpoint:
     async def _complete(self, request: Request, in_caller: bool) -> bytes:
         session = self._authorize(request.header("authorization") or "")
         req: ChatCompletionRequest = await request.json(self._parse)
-        prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
         rid = uuid.uuid4().hex
-        mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer)
+        vision: dict[str, Any] = {}
+        if any(m.parts for m in req.messages):
+            prompt, vision = await self._vision_prompt(req)
+        else:
+            prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
+        try:
+            mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer, **vision)
+        except ImageInputError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
         resp = await self._generate(session, request, mreq, in_caller)
         created = int(time.time())
         message, finish, tokens = await self._output_message(req, resp)
@@ -212,6 +235,8 @@ class OpenAIEndpoint:
                 interaction_id=completion_id,
                 chat_template_type=session.chat_template_type,
                 parent=session.find_parent(messages) if session.chat_template_type == "concat" else None,
+                multi_modal_input=vision.get("multi_modal_input"),
+                image_token_id=image_token_id(self.processor) if vision else None,
             )
         )
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
@@ -234,6 +259,18 @@ class OpenAIEndpoint:
         )
 
     # ---------------------------------------------------------------- helpers
+
+    async def _vision_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], dict[str, Any]]:
+        """Prompt ids and image fields of a request with ``image_url`` parts (in a thread)."""
+        if self.processor is None:
+            raise APIError(400, "messages: image_url parts need a vision model (this endpoint has no processor)", param="messages")
+        try:
+            return await trio.to_thread.run_sync(
+                lambda: vision_prompt(self.template, self.processor, req.messages, _offered_tools(req),
+                                      max_pixels=self.max_image_pixels, local_files=self.local_image_files)  # fmt: skip
+            )
+        except ImageInputError as exc:
+            raise APIError(400, str(exc), param="messages") from None
 
     def _gconfig(self, req: ChatCompletionRequest) -> GenerationConfig:
         """The request's sampling settings over the base ones (built once per combination)."""

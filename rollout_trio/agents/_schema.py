@@ -74,10 +74,25 @@ class ChatMessage:
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    #: A message with ``image_url`` parts: every part in order, ``("text", text)`` or
+    #: ``("image", url)``; empty for a text-only message.
+    parts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def image_urls(self) -> list[str]:
+        """The urls of the message's ``image_url`` parts, in order."""
+        return [value for kind, value in self.parts if kind == "image"]
+
+    def template_content(self) -> Any:
+        """The content as a chat template takes it: the text, or the parts with one
+        ``{"type": "image"}`` per image (which the template turns into its placeholder)."""
+        if not self.parts:
+            return self.content if self.content is not None else ""
+        return [{"type": "image"} if kind == "image" else {"type": "text", "text": value} for kind, value in self.parts]
 
     def as_template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it (``arguments`` parsed back to a dict)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content if self.content is not None else ""}
+        out: dict[str, Any] = {"role": self.role, "content": self.template_content()}
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls:
@@ -91,7 +106,13 @@ class ChatMessage:
 
     def as_openai_dict(self) -> dict[str, Any]:
         """The message in OpenAI's wire form (what an interaction records)."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        content: Any = self.content
+        if self.parts:
+            content = [
+                {"type": "image_url", "image_url": {"url": value}} if kind == "image" else {"type": "text", "text": value}
+                for kind, value in self.parts
+            ]
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls:
@@ -206,7 +227,10 @@ def _make_converter() -> cattrs.Converter:
     )
     for cls in (FunctionCall, ToolCall, ToolFunction, Tool):
         c.register_structure_hook(cls, cattrs.gen.make_dict_structure_fn(cls, c))
-    msg_fn = cattrs.gen.make_dict_structure_fn(ChatMessage, c, content=cattrs.gen.override(struct_hook=_content))
+    msg_fn = cattrs.gen.make_dict_structure_fn(
+        # ``parts`` is ours (set from image_url parts after structuring), never a client's key.
+        ChatMessage, c, content=cattrs.gen.override(struct_hook=_content), parts=cattrs.gen.override(omit=True)
+    )
     c.register_structure_hook(ChatMessage, msg_fn)
     req_fn = cattrs.gen.make_dict_structure_fn(ChatCompletionRequest, c, stop=cattrs.gen.override(struct_hook=_stop))
     c.register_structure_hook(ChatCompletionRequest, req_fn)
@@ -294,6 +318,9 @@ def parse_request(body: Any, *, max_tokens_limit: int) -> ChatCompletionRequest:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise APIError(400, f"messages[{i}]: must be an object, got {type(m).__name__}", param=f"messages[{i}]")
+    messages, parts_of = _split_image_parts(messages)
+    if parts_of:
+        body = {**body, "messages": messages}
     try:
         req = _converter.structure(body, ChatCompletionRequest)
     except (ClassValidationError, IterableValidationError) as exc:
@@ -301,4 +328,46 @@ def parse_request(body: Any, *, max_tokens_limit: int) -> ChatCompletionRequest:
         path = path.lstrip(".")
         raise APIError(400, f"{path}: {message}", param=path) from None
     _check(req, max_tokens_limit)
+    if parts_of:
+        with_parts = [attrs.evolve(m, parts=parts_of[i]) if i in parts_of else m for i, m in enumerate(req.messages)]
+        req = attrs.evolve(req, messages=type(req.messages)(with_parts))
     return req
+
+
+#: ``image_url`` parts one request may carry.
+MAX_IMAGE_PARTS = 32
+
+
+def _split_image_parts(messages: list[Any]) -> tuple[list[Any], dict[int, tuple[tuple[str, str], ...]]]:
+    """Messages with their ``image_url`` parts taken out (the text parts are checked as
+    before), and each such message's parts in order."""
+    out: list[Any] = []
+    parts_of: dict[int, tuple[tuple[str, str], ...]] = {}
+    n_images = 0
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not (isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content)):
+            out.append(m)
+            continue
+        parts: list[tuple[str, str]] = []
+        texts: list[Any] = []
+        for j, p in enumerate(content):
+            if isinstance(p, dict) and p.get("type") == "image_url":
+                url = p.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                where = f"messages[{i}].content[{j}].image_url.url"
+                if not isinstance(url, str) or not url:
+                    raise APIError(400, f"{where}: must be a non-empty string (a data:image/ URL or a local file)", param=where)
+                n_images += 1
+                if n_images > MAX_IMAGE_PARTS:
+                    raise APIError(400, f"{where}: at most {MAX_IMAGE_PARTS} image_url parts per request", param=where)
+                parts.append(("image", url))
+            else:
+                texts.append(p)
+                if isinstance(p, dict) and isinstance(p.get("text"), str):
+                    parts.append(("text", p["text"]))
+        if m.get("role") != "user":
+            raise APIError(400, f"messages[{i}].content: image_url parts are taken in user messages only", param=f"messages[{i}].content")
+        out.append({**m, "content": texts})
+        parts_of[i] = tuple(parts)
+    return out, parts_of

@@ -66,7 +66,7 @@ class ChatTemplate:
             elif m.role == "tool":
                 out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
             else:
-                out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+                out.append({"role": "system" if m.role == "developer" else m.role, "content": m.template_content()})
         if tools:
             preamble = _TOOLS_PREAMBLE.format(schemas="\n".join(json.dumps(t.as_dict(), ensure_ascii=False) for t in tools))
             if out and out[0]["role"] == "system":

@@ -49,6 +49,13 @@ def _parser() -> Parser:
         "printing each group as it finishes, then group statistics. Ctrl-C stops new work, "
         "aborts the episodes in flight, prints the summary and exits 130.",
     )
+    p.add_argument(
+        "--task",
+        choices=("arithmetic", "vision"),
+        default="arithmetic",
+        help="arithmetic: toy addition on the tiny model; vision: the colour of a generated image on the tiny "
+        "VLM (VisionRLVRWorkflow; --model then names a vision checkpoint)",
+    )
     p.add_argument("--groups", type=positive_int, default=16, help="prompts (one group each)")
     p.add_argument("--group-size", type=positive_int, default=8, help="samples per prompt (G)")
     p.add_argument("--concurrency", type=positive_int, default=4, help="groups in flight at once")
@@ -130,11 +137,20 @@ def _parser() -> Parser:
     return p
 
 
-def _build_engine(args: argparse.Namespace) -> LocalEngine:
+def _build_engine(args: argparse.Namespace) -> tuple[LocalEngine, Any]:
+    """The engine, and the processor for ``--task vision`` (else None)."""
     from ..engines import LocalEngine
 
+    if args.task == "vision":
+        from ._serve import TINY_VLM, _load_vision_model
+
+        vision = _load_vision_model(args.model or TINY_VLM, args.device)
+        if vision is None:
+            raise CommandError(f"--model {args.model}: --task vision needs a vision-language checkpoint (config.json with vision_config)")
+        model, processor, _ = vision
+        return LocalEngine(model, processor.tokenizer, seed=args.seed), processor
     model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
-    return LocalEngine(model, tokenizer, seed=args.seed)
+    return LocalEngine(model, tokenizer, seed=args.seed), None
 
 
 def _shown(rewards: torch.Tensor) -> str:
@@ -184,6 +200,8 @@ class _Summary:
             return
         k = outcome.data["index"]
         question = outcome.data["messages"][0]["content"]
+        if not isinstance(question, str):  # a vision task: the answer stands for the image
+            question = f"<{outcome.data.get('answer', '?')}> image"
         traj = outcome.trajectory
         if outcome.status == "accepted" and isinstance(traj, Trajectory):
             assert traj.rewards is not None
@@ -209,8 +227,9 @@ async def _run(args: argparse.Namespace) -> int:
         from .._config import GenerationConfig
         from .._stats import StatsRecorder
         from ..executor import RolloutConfig, open_executor
-        from ..workflows import arithmetic_prompts, arithmetic_reward, rlvr_workflow
-    prompts = [dict(p, index=k) for k, p in enumerate(arithmetic_prompts(args.groups, seed=args.seed))]
+        from ..workflows import VisionRLVRWorkflow, arithmetic_prompts, arithmetic_reward, colour_prompts, colour_reward, rlvr_workflow
+    make_prompts = colour_prompts if args.task == "vision" else arithmetic_prompts
+    prompts = [dict(p, index=k) for k, p in enumerate(make_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
     summary = _Summary(args.group_size, len(prompts))
     batch_size = args.consumer_batch_size or args.concurrency
@@ -253,7 +272,7 @@ async def _run(args: argparse.Namespace) -> int:
             stack.callback(remove_phase_listener, recorder.phase)
             stack.callback(_write_trace, recorder, args.trace)  # written however the run ends
         with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
-            engine = await trio.to_thread.run_sync(_build_engine, args)
+            engine, processor = await trio.to_thread.run_sync(_build_engine, args)
             await trio.lowlevel.checkpoint()
         async with engine:
             traced: Any = engine
@@ -261,18 +280,17 @@ async def _run(args: argparse.Namespace) -> int:
                 from ..observe import TracedEngine
 
                 traced = TracedEngine(engine, recorder)
-            if args.areal_compat is not None:
+            gconfig = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+            if processor is not None:
+                workflow: Any = VisionRLVRWorkflow(colour_reward, gconfig, processor=processor)
+            elif args.areal_compat is not None:
                 from ..compat.areal._cli import areal_rlvr_workflow
 
                 workflow = areal_rlvr_workflow(
                     args.areal_compat, engine.tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature
                 )
             else:
-                workflow = rlvr_workflow(
-                    engine.tokenizer,
-                    arithmetic_reward,
-                    GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
-                )
+                workflow = rlvr_workflow(engine.tokenizer, arithmetic_reward, gconfig)
             summary.header()
             show_bar = sys.stderr.isatty() if args.progress is None else args.progress
             with summary.progress_bar(show_bar):
@@ -314,6 +332,8 @@ def _main(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.trace is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.trace))):
         raise CommandError(f"--trace {args.trace}: no such directory for the trace file")
+    if args.task == "vision" and args.areal_compat is not None:
+        raise UsageError("--areal-compat runs AReaL's text rlvr.py: it does not go with --task vision")
     if args.areal_compat is not None:
         from ..compat.areal._cli import check_sources
 

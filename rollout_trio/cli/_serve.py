@@ -74,7 +74,10 @@ def _parser() -> Parser:
         help="bind a non-loopback address without an api key (anyone who can reach it may load weights)",
     )
     p.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint directory (default: the built-in tiny model)"
+        "--model",
+        default=None,
+        help="local Hugging Face checkpoint directory, a vision-language one included; tiny-vlm: the built-in "
+        "tiny vision model, which takes image_data on /generate (default: the built-in tiny model)",
     )
     p.add_argument(
         "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
@@ -122,16 +125,52 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve anywhere
 
 
-def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str]:
+#: ``--model tiny-vlm``: the built-in tiny vision-language model (rollout_trio.models_vision).
+TINY_VLM = "tiny-vlm"
+
+
+def _load_vision_model(path: str | None, requested_device: str | None) -> tuple[Any, Any, str] | None:
+    """``(model, processor, name)`` when ``--model`` names a vision-language model, else None."""
+    import json
+
+    if path != TINY_VLM:
+        try:
+            with open(os.path.join(path or "", "config.json"), encoding="utf-8") as f:
+                if not isinstance(json.load(f).get("vision_config"), dict):
+                    return None
+        except (OSError, ValueError, AttributeError):
+            return None  # not a vision checkpoint: the text loader reports what is wrong
+    from ..models_vision import load_vlm, tiny_vlm
+    from ._common import resolve_device
+
+    where = resolve_device(requested_device)
+    if path == TINY_VLM:
+        model, processor = tiny_vlm(device=where)
+        return model, processor, TINY_VLM
+    assert path is not None
+    try:
+        model, processor = load_vlm(path, device=where)
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--model {path}: cannot load a vision model and processor from it: {exc}") from exc
+    return model, processor, path
+
+
+def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str, Any]:
     from ..engines._local import LocalEngine
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    model, tokenizer, name = load_model_and_tokenizer(args.model, args.device)
+    processor = None
+    vision = _load_vision_model(args.model, args.device)
+    if vision is not None:
+        model, processor, name = vision
+        tokenizer = processor.tokenizer
+    else:
+        model, tokenizer, name = load_model_and_tokenizer(args.model, args.device)
     engine = LocalEngine(model, tokenizer, seed=args.seed, max_batch_size=args.max_batch_size)
-    return engine, tokenizer, name
+    return engine, tokenizer, name, processor
 
 
 async def _serve(args: argparse.Namespace, received: list[int]) -> None:
@@ -145,7 +184,7 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
         max_connections=args.max_connections,
     )
     with starting():  # a Ctrl-C while the model loads lands at the checkpoint, once it has
-        engine, tokenizer, name = await trio.to_thread.run_sync(_build_engine, args)
+        engine, tokenizer, name, processor = await trio.to_thread.run_sync(_build_engine, args)
         await trio.lowlevel.checkpoint()
     started = trio.current_time()
     apps: list[Any] = []
@@ -188,7 +227,12 @@ async def _serve_engine(
 
     async with engine, trio.open_nursery() as nursery:
         app = SGLangApp(
-            engine, model_path=name, segment_tokens=args.segment_tokens, step_delay=args.step_delay, tokenizer=tokenizer
+            engine,
+            model_path=name,
+            segment_tokens=args.segment_tokens,
+            step_delay=args.step_delay,
+            tokenizer=tokenizer,
+            processor=processor,
         )
         made(app)
         stop = trio.Event()

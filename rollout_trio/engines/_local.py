@@ -36,6 +36,7 @@ from .._errors import EngineError, EngineTimeoutError, UnsupportedRequestError
 from .._io import ModelRequest, ModelResponse
 from ._local_batch import KVBatch, check_supported
 from ._local_sampling import RowSampling, sample_rows
+from ._local_vision import check_takes_images, is_vlm, is_vlm_checkpoint, vision_tensors
 from ._protocol import WeightsSource
 
 __all__ = ["LocalEngine", "LocalEngineStatistics"]
@@ -85,6 +86,7 @@ class _Seq:
     first_token_at: float | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    vision: dict[str, Any] | None = None  # the images' processor tensors (a VLM's prompt)
 
     def inputs(self) -> list[int]:
         return self.prompt + self.tokens
@@ -96,7 +98,8 @@ class LocalEngine:
     Use it as an async context manager; leaving it stops and joins the worker thread.
 
     Args:
-        model: a transformers causal LM (full attention, e.g. Llama / Qwen / GPT-2).
+        model: a transformers causal LM (full attention, e.g. Llama / Qwen / GPT-2), or a
+            Qwen-VL-style image-text-to-text model (requests then may carry images).
         tokenizer: its tokenizer; supplies eos and pad ids and is attached to responses.
         device: move the model there; None keeps the model's device.
         max_batch_tokens: admission cap on the tokens held in the KV cache (sum of each
@@ -186,6 +189,11 @@ class LocalEngine:
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if is_vlm_checkpoint(path):
+            from ..models_vision import load_vlm
+
+            model, processor = load_vlm(path, device=device, dtype=dtype)
+            return cls(model, processor.tokenizer, **kwargs)
         model, tokenizer = load_model(path, device=device, dtype=dtype)
         return cls(model, tokenizer, **kwargs)
 
@@ -239,7 +247,11 @@ class LocalEngine:
             EngineError: the engine is not running or the forward pass failed.
         """
         await trio.lowlevel.checkpoint()  # every path checkpoints, errors included
+        if req.image_data:
+            check_takes_images(self._model, req)
         seq = self._make_seq(req)
+        if req.image_data:
+            seq.vision = await vision_tensors(req)
         self._check_running()
         with self._cond:
             self._pending.append(seq)
@@ -437,6 +449,7 @@ class LocalEngine:
             done=trio.Event(),
         )
 
+
     def _cancel(self, seq: _Seq) -> None:
         # Synchronous, so it needs no shield: the worker drops the row at its next boundary
         # and never commits another token (or step count) for it.
@@ -453,12 +466,13 @@ class LocalEngine:
             if isinstance(source, Mapping):
                 state = dict(source)
             else:
-                from transformers import AutoModelForCausalLM
+                from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
                 path = os.fspath(source)
                 if not os.path.isdir(path):
                     raise FileNotFoundError(f"source: {path!r} is not a checkpoint directory")
-                loaded = AutoModelForCausalLM.from_pretrained(path, dtype=self._model.dtype, local_files_only=True)
+                auto = AutoModelForImageTextToText if is_vlm(self._model) else AutoModelForCausalLM
+                loaded = auto.from_pretrained(path, dtype=self._model.dtype, local_files_only=True)
                 state = loaded.state_dict()
             with torch.no_grad():
                 self._model.load_state_dict(state, strict=True)
@@ -558,7 +572,8 @@ class LocalEngine:
         first_row = len(self._active) if prefill else 0
         try:
             if prefill:
-                logits = self._batch.prefill([s.inputs() for s in seqs])
+                vision = [s.vision for s in seqs] if any(s.vision is not None for s in seqs) else None
+                logits = self._batch.prefill([s.inputs() for s in seqs], vision)
             else:
                 logits = self._batch.decode()
             masked = [s.stop_ids if len(s.tokens) < s.min_new else () for s in seqs]

@@ -168,11 +168,15 @@ class KVBatch:
         """Cache length (columns, padding included)."""
         return int(self._mask.shape[1])
 
-    def prefill(self, inputs: Sequence[Sequence[int]]) -> torch.Tensor:
+    def prefill(self, inputs: Sequence[Sequence[int]], vision: Sequence[Any] | None = None) -> torch.Tensor:
         """Run one forward pass over new rows and append them to the batch.
 
         Args:
             inputs: each new row's tokens so far (prompt, plus output tokens on a resume).
+            vision: per row, None or its images' processor tensors (``pixel_values``,
+                ``image_grid_thw``) for a Qwen-VL-style model: the pass embeds the images
+                and gives every row its 3-D (mrope) positions; later decode steps continue
+                each row's text positions from there.
 
         Returns:
             Float32 logits ``[len(inputs), vocab]`` predicting each row's next token. The
@@ -192,6 +196,10 @@ class KVBatch:
         positions = torch.arange(width, device=self._device).expand(len(inputs), width)
         last = lengths - 1
         keep = torch.unique(last)  # logits only at each row's last real position
+        extra: dict[str, Any] = {}
+        next_pos = lengths
+        if vision is not None and any(v is not None for v in vision):
+            extra, positions, next_pos = self._vision_inputs(ids, mask, lengths, vision)
         cache = DynamicCache(config=self._model.config)
         cache.layers = [self._layer_class() for _ in cache.layers]
         out = self._model(
@@ -201,12 +209,25 @@ class KVBatch:
             use_cache=True,
             **{self._cache_kw: cache},
             logits_to_keep=keep,
+            **extra,
         )
         col = torch.searchsorted(keep, last)
         logits = out.logits[torch.arange(len(inputs), device=self._device), col].float()
-        self._append(cache, mask, lengths)  # the cache object is filled in place
+        self._append(cache, mask, next_pos)  # the cache object is filled in place
         self._note_bytes()
         return logits
+
+    def _vision_inputs(
+        self, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, vision: Sequence[Any]
+    ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        """The image inputs of a prefill, its 3-D positions, and each row's next text position."""
+        rows = [v for v in vision if v is not None]
+        pixels = torch.cat([v["pixel_values"] for v in rows]).to(self._device, self._model.dtype)
+        grid = torch.cat([v["image_grid_thw"] for v in rows]).to(self._device)
+        types = (ids == int(self._model.config.image_token_id)).to(torch.int32)
+        positions, deltas = self._model.model.get_rope_index(ids, types, image_grid_thw=grid, attention_mask=mask)
+        extra = {"pixel_values": pixels, "image_grid_thw": grid, "mm_token_type_ids": types}
+        return extra, positions, lengths + deltas.reshape(-1).to(lengths.device, lengths.dtype)
 
     def decode(self) -> torch.Tensor:
         """One forward pass feeding each row's last token; returns logits ``[rows, vocab]``."""
@@ -266,18 +287,18 @@ class KVBatch:
         for layer in self._cache.layers:
             layer.select(idx, cols)
 
-    def _append(self, cache: Any, mask: torch.Tensor, lengths: torch.Tensor) -> None:
+    def _append(self, cache: Any, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
         n = mask.shape[0]
         last = torch.zeros((n,), dtype=torch.long, device=self._device)
         if self._cache is None or self.rows == 0:
-            self._cache, self._mask, self._next_pos, self._last = cache, mask, lengths.clone(), last
+            self._cache, self._mask, self._next_pos, self._last = cache, mask, next_pos.clone(), last
             return
         width = max(self.columns, int(mask.shape[1]))
         self._mask = torch.cat([_pad_cols(self._mask, width), _pad_cols(mask, width)], dim=0)
         for mine, new in zip(self._cache.layers, cache.layers, strict=True):
             mine.keys = torch.cat([_pad_seq(mine.keys, width), _pad_seq(new.keys, width)], dim=0)
             mine.values = torch.cat([_pad_seq(mine.values, width), _pad_seq(new.values, width)], dim=0)
-        self._next_pos = torch.cat([self._next_pos, lengths])
+        self._next_pos = torch.cat([self._next_pos, next_pos])
         self._last = torch.cat([self._last, last])
 
 

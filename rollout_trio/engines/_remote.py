@@ -48,6 +48,7 @@ from .._errors import (
     UnsupportedRequestError,
     VersionMismatchError,
 )
+from .._images import encode_image_base64
 from .._io import ModelRequest, ModelResponse
 from ..workflow_context import request_seed
 from ._protocol import WeightsSource
@@ -953,6 +954,8 @@ class RemoteEngine:
         fresh server-side id; a failed try is aborted on its server.
         """
         tried: set[Server] = set()
+        # Images go as base64 PNG, encoded once per image object (a group's slots share theirs).
+        images = [encode_image_base64(img) for img in req.image_data] if req.image_data else None
 
         async def attempt(_k: int) -> tuple[Segment, int, int | None, Server]:
             while self._paused:
@@ -961,7 +964,9 @@ class RemoteEngine:
             server = self._router.choose(req.rid, tried)
             server.backend.check(req.gconfig)
             srid = f"{req.rid}-{next(self._ids)}"
-            call = server.backend.generate(ids, req.gconfig, max_new=max_new, min_new=min_new, rid=srid, seed=seed)
+            call = server.backend.generate(
+                ids, req.gconfig, max_new=max_new, min_new=min_new, rid=srid, seed=seed, image_data=images
+            )
             try:
                 with self._router.track(server):
                     body = await self._send_generate(server, call, srid)

@@ -40,9 +40,11 @@ class SGLangBackend:
         min_new: int,
         rid: str,
         seed: int | None = None,
+        image_data: list[str] | None = None,
     ) -> HttpCall:
         """The ``/generate`` call for one segment, seeded with ``seed`` (else ``gconfig.seed``)
-        as ``sampling_seed``."""
+        as ``sampling_seed``; ``image_data`` (base64 images, in placeholder order) goes as
+        SGLang's ``image_data``."""
         sp: dict[str, Any] = {
             "max_new_tokens": max_new,
             "min_new_tokens": min_new,
@@ -60,6 +62,8 @@ class SGLangBackend:
             "logprob_start_len": -1,
             "stream": False,
         }
+        if image_data:
+            body["image_data"] = list(image_data)
         return HttpCall("POST", "/generate", body)
 
     def parse(self, body: Any) -> Segment:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._config import GenerationConfig
-from .._errors import EngineProtocolError, EngineServerError
+from .._errors import EngineProtocolError, EngineServerError, UnsupportedRequestError
 from ._remote_wire import (
     HttpCall,
     Segment,
@@ -132,8 +132,19 @@ class VLLMBackend:
         min_new: int,
         rid: str,
         seed: int | None = None,
+        image_data: list[str] | None = None,
     ) -> HttpCall:
-        """The generation call for one segment (``seed``: see :func:`sampling_params`)."""
+        """The generation call for one segment (``seed``: see :func:`sampling_params`).
+
+        Raises:
+            UnsupportedRequestError: ``image_data`` given (vLLM takes images only in chat
+                messages, which carry no token ids; serve a VLM with SGLang).
+        """
+        if image_data:
+            raise UnsupportedRequestError(
+                "ModelRequest.image_data: vLLM's token-in APIs take no images (only chat messages do, without "
+                "token ids or per-token logprobs of a given prompt); serve a vision model with SGLang"
+            )
         sp = sampling_params(gconfig, max_new=max_new, min_new=min_new, seed=seed)
         if self.api == "tito":
             return HttpCall("POST", TITO_PATH, {"request_id": rid, "token_ids": list(input_ids), "sampling_params": sp})

@@ -46,6 +46,8 @@ class BadRequest(Exception):
 MAX_RID_CHARS = 256
 MAX_LABEL_CHARS = 128
 MAX_PATH_CHARS = 4096
+#: Images one /generate request may carry (each base64 or a data:image/ URL; no files, no URLs).
+MAX_IMAGES = 32
 
 
 def _non_empty_str(text: str, most: int) -> Any:
@@ -125,6 +127,21 @@ class GenerateBody:
     return_logprob: bool = False
     logprob_start_len: int = -1
     stream: bool = attrs.field(default=False, validator=rule("false (streaming is not supported)", lambda v: not v))
+    #: SGLang's ``image_data``: one image or a list, each base64 or a ``data:image/...;base64,`` URL.
+    image_data: Any = attrs.field(
+        default=None,
+        validator=rule(
+            f"null, a base64 string or a list of at most {MAX_IMAGES} of them",
+            lambda v: v is None or isinstance(v, str)
+            or (isinstance(v, list) and len(v) <= MAX_IMAGES and all(isinstance(s, str) for s in v)),
+        ),
+    )
+
+    def images(self) -> list[str]:
+        """``image_data`` as a list."""
+        if self.image_data is None:
+            return []
+        return [self.image_data] if isinstance(self.image_data, str) else list(self.image_data)
 
 
 @attrs.frozen(kw_only=True)

@@ -29,6 +29,7 @@ import trio
 
 from .._config import GenerationConfig
 from .._errors import EngineError, UnsupportedRequestError, WorkflowContractError
+from .._images import DEFAULT_MAX_IMAGE_PIXELS, decode_images
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
 from ._schema import (
@@ -109,6 +110,10 @@ class SGLangApp:
         step_delay: seconds to sleep after each chunk (slows generation down for demos
             and fault tests).
         tokenizer: decodes ``text`` in answers when given.
+        processor: the served VLM's processor; with it ``/generate`` takes SGLang's
+            ``image_data`` (base64 or ``data:image/`` URLs only: the server reads no files
+            and fetches nothing), checked against the prompt's placeholders.
+        max_image_pixels: the pixel budget of one image sent to ``/generate``.
     """
 
     def __init__(
@@ -119,6 +124,8 @@ class SGLangApp:
         segment_tokens: int = 16,
         step_delay: float = 0.0,
         tokenizer: Any = None,
+        processor: Any = None,
+        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         if segment_tokens < 1:
             raise ValueError(f"segment_tokens: must be >= 1, got {segment_tokens}")
@@ -127,6 +134,8 @@ class SGLangApp:
         self.segment_tokens = segment_tokens
         self.step_delay = step_delay
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.max_image_pixels = max_image_pixels
         self.weight_version = "default"
         self._closing = False
         self._pause_mode: str | None = None
@@ -309,6 +318,7 @@ class SGLangApp:
         except WorkflowContractError as exc:  # a combination the per-field rules allow
             raise BadRequest(f"generate: sampling_params: {exc}") from None
         return_logprob = body.return_logprob
+        vision = await self._vision(body, ids) if body.image_data else {}
         live = _Live(rid)
         if rid in self._early_aborts:
             self._early_aborts.discard(rid)
@@ -316,7 +326,7 @@ class SGLangApp:
         self._live[rid] = live
         start = time.perf_counter()
         try:
-            tokens, logprobs, finish = await self._run(live, list(ids), gconfig)
+            tokens, logprobs, finish = await self._run(live, list(ids), gconfig, vision)
         except trio.Cancelled:
             self.counters["generate_cancelled"] += 1
             raise
@@ -347,8 +357,27 @@ class SGLangApp:
             text = self.tokenizer.decode(tokens, skip_special_tokens=gconfig.skip_special_tokens)
         return Reply(200, {"text": text, "output_ids": tokens, "meta_info": meta})
 
+    async def _vision(self, body: GenerateBody, ids: list[int]) -> dict[str, Any]:
+        """The request's images decoded, checked and processed once (in a thread), as
+        :class:`ModelRequest` fields for every chunk; a broken rule is HTTP 400."""
+        if self.processor is None:
+            raise BadRequest("generate: image_data: this server's model takes no images")
+        processor, images, budget = self.processor, body.images(), self.max_image_pixels
+
+        def prepare() -> dict[str, Any]:
+            decoded = decode_images(images, where="image_data", max_pixels=budget, allow_paths=False)
+            mm = dict(processor.image_processor(images=list(decoded), return_tensors="pt"))
+            fields = {"image_data": decoded, "processor": processor, "multi_modal_input": mm, "max_image_pixels": budget}
+            ModelRequest(input_ids=ids, **fields)  # the placeholder rules, checked once here
+            return fields
+
+        try:
+            return await trio.to_thread.run_sync(prepare)
+        except WorkflowContractError as exc:
+            raise BadRequest(f"generate: {exc}") from None
+
     async def _run(
-        self, live: _Live, prompt: list[int], g: GenerationConfig
+        self, live: _Live, prompt: list[int], g: GenerationConfig, vision: dict[str, Any] | None = None
     ) -> tuple[list[int], list[float], dict[str, Any]]:
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -383,7 +412,7 @@ class SGLangApp:
                 live.chunk = scope
                 try:
                     resp = await self.engine.agenerate(
-                        ModelRequest(input_ids=prompt + tokens, gconfig=sub, rid=f"{live.rid}#{chunk_no}")
+                        ModelRequest(input_ids=prompt + tokens, gconfig=sub, rid=f"{live.rid}#{chunk_no}", **(vision or {}))
                     )
                 except (UnsupportedRequestError, WorkflowContractError, ValueError) as exc:
                     raise BadRequest(f"generate: {exc}") from None

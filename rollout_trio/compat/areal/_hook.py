@@ -43,6 +43,7 @@ COVERED: dict[str, str | None] = {
     "areal.utils.logging": "log",
     "areal.utils.hf_utils": "hf_utils",
     "areal.utils.dynamic_import": "dynamic_import",
+    "areal.utils.image": "image",
     "areal.experimental": None,
     "areal.experimental.openai": "openai",
 }
