@@ -127,9 +127,12 @@ async def test_a_task_that_swallows_cancellation_is_left_behind_after_its_grace(
     async def stubborn():
         event = asyncio.Event()
         release.append((asyncio.get_running_loop(), event))
-        await current_portal().run_trio(set_started)
+        signalled = False
         while True:
-            try:
+            try:  # the cancel may land while it signals, too
+                if not signalled:
+                    signalled = True
+                    await current_portal().run_trio(set_started)
                 await event.wait()
                 return
             except asyncio.CancelledError:
