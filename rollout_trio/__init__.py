@@ -52,7 +52,12 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._padding import split_trajectories as split_trajectories
     from ._rollout_group import RolloutGroup as RolloutGroup
     from ._trajectory import Trajectory as Trajectory
+    from ._asyncio import AsyncioTaskCancelled as AsyncioTaskCancelled
+    from ._asyncio import on_asyncio as on_asyncio
+    from ._asyncio import on_trio as on_trio
+    from ._asyncio import run_asyncio as run_asyncio
     from ._workflow import AgentWorkflow as AgentWorkflow
+    from ._workflow import AsyncioHostedWorkflow as AsyncioHostedWorkflow
     from ._workflow import RolloutWorkflow as RolloutWorkflow
     from ._workflow import resolve_workflow as resolve_workflow
     from .agents import AgentRolloutWorkflow as AgentRolloutWorkflow
@@ -82,6 +87,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentRolloutWorkflow",
     "AgentWorkflow",
+    "AsyncioHostedWorkflow",
+    "AsyncioTaskCancelled",
     "EngineConnectError",
     "EngineError",
     "EngineLocalError",
@@ -132,11 +139,14 @@ __all__ = [
     "traced_phase",
     "normalize_advantages",
     "normalize_rewards",
+    "on_asyncio",
+    "on_trio",
     "open_executor",
     "read_dump",
     "resolve_workflow",
     "rollout_time_affine",
     "rollout_time_apply",
+    "run_asyncio",
     "run_group",
     "split_trajectories",
     "to_json",
@@ -147,6 +157,11 @@ __all__ = [
 _LAZY: dict[str, tuple[str, str | None]] = {
     "AgentRolloutWorkflow": (".agents", "AgentRolloutWorkflow"),
     "AgentWorkflow": ("._workflow", "AgentWorkflow"),
+    "AsyncioHostedWorkflow": ("._workflow", "AsyncioHostedWorkflow"),
+    "AsyncioTaskCancelled": ("._asyncio", "AsyncioTaskCancelled"),
+    "on_asyncio": ("._asyncio", "on_asyncio"),
+    "on_trio": ("._asyncio", "on_trio"),
+    "run_asyncio": ("._asyncio", "run_asyncio"),
     "check_trajectory_format": ("._check", "check_trajectory_format"),
     "concat_trajectories": ("._padding", "concat_trajectories"),
     "converter": ("._convert", "converter"),

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ._trajectory import Trajectory
     from .engines import InferenceEngine
 
-__all__ = ["AgentWorkflow", "RolloutWorkflow", "WorkflowResult", "resolve_workflow"]
+__all__ = ["AgentWorkflow", "AsyncioHostedWorkflow", "RolloutWorkflow", "WorkflowResult", "resolve_workflow"]
 
 logger = logging.getLogger("rollout_trio.workflow")
 
@@ -61,6 +61,31 @@ class _DuckWorkflow(RolloutWorkflow):
 
     def __getattr__(self, name: str) -> Any:  # optional hooks live on the wrapped object
         return getattr(self.obj, name)
+
+
+class AsyncioHostedWorkflow(RolloutWorkflow):
+    """Runs a workflow written for asyncio on the hosted asyncio loop (``rollout_trio._asyncio``).
+
+    Its ``arun_episode`` gets the engine as asyncio code needs it: coroutine methods
+    (``agenerate``) are served by the engine in Trio, in the episode's task, so cancelling
+    the episode cancels the asyncio task and aborts its generations. What
+    :func:`resolve_workflow` wraps a workflow marked :func:`~rollout_trio.on_asyncio` in.
+    """
+
+    def __init__(self, workflow: RolloutWorkflow) -> None:
+        self.workflow = workflow
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> WorkflowResult:
+        from ._asyncio import asyncio_portal
+
+        async with asyncio_portal() as portal:
+            return await portal.run(self.workflow.arun_episode, portal.engine(engine), data)
+
+    def __getattr__(self, name: str) -> Any:  # optional hooks live on the wrapped workflow
+        return getattr(self.workflow, name)
+
+    def __repr__(self) -> str:
+        return f"AsyncioHostedWorkflow({self.workflow!r})"
 
 
 class AgentWorkflow(abc.ABC):
@@ -150,11 +175,31 @@ def resolve_workflow(workflow: Any, workflow_kwargs: Mapping[str, Any] | None = 
         ValueError: ``None``, a class without ``workflow_kwargs``, or an import string
             that fails to import.
         TypeError: anything else.
+
+    Which loop runs it: agents run on the hosted asyncio loop unless marked
+    :func:`~rollout_trio.on_trio`; every other workflow runs on Trio unless marked
+    :func:`~rollout_trio.on_asyncio` (then it is wrapped in :class:`AsyncioHostedWorkflow`).
     """
     return _resolve(workflow, workflow_kwargs, from_string=False)
 
 
 def _resolve(workflow: Any, kwargs: Mapping[str, Any] | None, *, from_string: bool) -> RolloutWorkflow:
+    resolved = _resolve_any(workflow, kwargs, from_string=from_string)
+    if isinstance(resolved, AsyncioHostedWorkflow) or isinstance(workflow, str) or not _marked_asyncio(workflow, resolved):
+        return resolved
+    return AsyncioHostedWorkflow(resolved)
+
+
+def _marked_asyncio(workflow: Any, resolved: RolloutWorkflow) -> bool:
+    """A non-agent workflow marked ``on_asyncio`` (agents choose their host themselves)."""
+    from ._asyncio import host_of
+
+    if _agent_wrapper is not None and isinstance(resolved, _agent_wrapper):  # type: ignore[arg-type]
+        return False
+    return host_of(workflow, default="trio") == "asyncio"
+
+
+def _resolve_any(workflow: Any, kwargs: Mapping[str, Any] | None, *, from_string: bool) -> RolloutWorkflow:
     if workflow is None:
         raise ValueError("workflow is None; pass an async function, a RolloutWorkflow, a class or an import string")
     if isinstance(workflow, str) and not from_string:

@@ -18,6 +18,7 @@ import httpx
 import trio
 
 from .. import workflow_context
+from .._asyncio import Host, asyncio_portal, host_of
 from .._config import GenerationConfig
 from .._errors import RolloutError
 from .._interaction import Interaction
@@ -56,6 +57,9 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         agent: an object with ``async def run(data, **kwargs)``. In ``"inline"`` mode it
             is called as ``run(data, base_url=..., http_client=..., api_key=...)``: hand the
             three to ``openai.AsyncOpenAI(base_url=..., api_key=..., http_client=...)``.
+            It runs on the hosted asyncio loop (``rollout_trio._asyncio``: asyncio code as
+            agent SDKs write it, ``http_client`` an asyncio-side client) unless it is
+            marked :func:`~rollout_trio.on_trio` or ``host="trio"`` is passed.
             In ``"subproc"`` mode ``run(data)`` runs in a fresh child process (forked by
             a worker supervisor that kills everything it started, ``setsid`` children too,
             when the episode ends or is cancelled) with its own event loop; its return
@@ -63,7 +67,10 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. The agent must be
             picklable; one defined in a script's ``__main__`` works as with
             multiprocessing's spawn (guard the script's entry point).
-        mode: ``"inline"`` (same Trio run, no socket) or ``"subproc"``.
+        mode: ``"inline"`` (same process, no socket) or ``"subproc"``.
+        host: in ``"inline"`` mode, the loop ``run`` runs on: ``"asyncio"`` (a task on the
+            hosted asyncio loop; cancelling the episode cancels it) or ``"trio"`` (in the
+            episode's Trio task). Default: the agent's mark, else ``"asyncio"``.
         tokenizer: the engine's tokenizer; defaults to ``engine.tokenizer``.
         gconfig: base sampling settings of the endpoint.
         discount: each completion's reward becomes its own plus ``discount`` times the
@@ -90,6 +97,7 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         export_style: ExportStyle = "individual",
         subproc_max_workers: int = 4,
         subproc_backend: Literal["trio", "asyncio"] = "trio",
+        host: Host | None = None,
         **endpoint_kwargs: Any,
     ) -> None:
         if mode not in MODES:
@@ -115,8 +123,11 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             raise ValueError(f"subproc_max_workers: must be >= 1, got {subproc_max_workers}")
         if subproc_backend not in ("trio", "asyncio"):
             raise ValueError(f"subproc_backend: must be 'trio' or 'asyncio', got {subproc_backend!r}")
+        if host not in (None, "trio", "asyncio"):
+            raise ValueError(f"host: must be 'trio', 'asyncio' or None (the agent's mark), got {host!r}")
         self.agent = agent
         self.mode = mode
+        self.host: Host = host if host is not None else host_of(agent, default="asyncio")
         self.tokenizer = tokenizer
         self.gconfig = gconfig
         self.discount = float(discount)
@@ -127,7 +138,7 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         self._endpoints: weakref.WeakKeyDictionary[Any, OpenAIEndpoint] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
-        return f"AgentRolloutWorkflow({self.agent!r}, mode={self.mode!r}, export_style={self.export_style!r})"
+        return f"AgentRolloutWorkflow({self.agent!r}, mode={self.mode!r}, host={self.host!r}, export_style={self.export_style!r})"
 
     def endpoint(self, engine: InferenceEngine) -> OpenAIEndpoint:
         """The endpoint serving ``engine`` (one per engine, built on first use)."""
@@ -171,8 +182,14 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         return result
 
     async def _run_inline(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
-        async with httpx.AsyncClient(transport=endpoint.in_process_transport(), base_url=_IN_PROCESS_URL, timeout=None) as client:
-            return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
+        if self.host == "trio":
+            async with httpx.AsyncClient(transport=endpoint.in_process_transport(), base_url=_IN_PROCESS_URL, timeout=None) as client:
+                return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
+        # The agent's requests cross to Trio as calls of this task's portal: cancelling the
+        # episode cancels the agent's asyncio task and, at once, its requests' generations.
+        async with asyncio_portal() as portal:
+            transport = portal.http_transport(endpoint.in_process_transport())
+            return await portal.run(_run_on_asyncio, self.agent, data, transport, session.key)
 
     async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
         payload = pickle.dumps(((self.agent, data, self.subproc_backend), {}))
@@ -194,6 +211,12 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             return reply
         except WorkerDied as exc:
             raise AgentProcessError(str(exc)) from None
+
+
+async def _run_on_asyncio(agent: Any, data: Any, transport: httpx.AsyncBaseTransport, key: str) -> Any:
+    """``agent.run`` with an asyncio-side client whose requests the endpoint serves in Trio."""
+    async with httpx.AsyncClient(transport=transport, base_url=_IN_PROCESS_URL, timeout=None) as client:
+        return await agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=key)
 
 
 register_agent_wrapper(AgentRolloutWorkflow)
