@@ -2,6 +2,12 @@
 
     python bench/fleet_bench.py [--quick] [--servers 64] [--episodes 20000] [--concurrency 256]
                                 [--control-rounds 100] [--router-workers 4] [--rounds 3] [--seconds 3]
+    python bench/fleet_bench.py --curve [--servers 8,64,256,1024] [--quick] [--json PATH]
+
+``--curve`` (or ``--servers`` with several counts) measures how the control plane's costs
+grow with the number of servers instead: see bench/fleet_curve.py (there ``--episodes``
+and ``--concurrency`` are the load per round, ``--control-rounds`` the fan-out and
+refresh rounds, ``--rounds`` the load rounds).
 
 Part 1, direct: one subprocess listens on ``--servers`` ports with bench/work.py's
 fixed-answer SGLang server (the server is not what is measured). One ``RemoteEngine``
@@ -324,12 +330,38 @@ async def router_rounds(fleet: Fleet, rounds: int, seconds: float, concurrency: 
 # --------------------------------------------------------------------------- main
 
 
+def server_counts(text: str) -> list[int]:
+    """``--servers``: one count, or a comma-separated list of them (a curve)."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or a comma-separated list of them, got {text!r}") from None
+    if any(n < 1 for n in counts) or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"counts must be distinct and >= 1, got {text!r}")
+    return sorted(counts)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke run; prints how long the full run takes")
+    p.add_argument("--curve", action="store_true", help="the control plane's costs for N = 8, 64, 256, 1024 "
+                   "servers (bench/fleet_curve.py; with --servers: those N)")  # fmt: skip
+    p.add_argument("--json", default=None, help="curve mode: save the results here (default bench/results/DATE-curve.json)")
     for name, value in FULL.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None, help=f"(full run: {value})")
+        kind = server_counts if name == "servers" else type(value)
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"(full run: {value})")
     args = p.parse_args()
+    if args.curve or (args.servers is not None and len(args.servers) > 1):
+        from bench import fleet_curve
+
+        curve = dict(fleet_curve.QUICK if args.quick else fleet_curve.FULL)
+        for ours, theirs in (("episodes", "episodes"), ("concurrency", "concurrency"), ("control_rounds", "rounds"),
+                             ("rounds", "load_rounds")):  # fmt: skip
+            if getattr(args, ours) is not None:
+                curve[theirs] = getattr(args, ours)
+        return fleet_curve.run_curve(args.servers or list(fleet_curve.CURVE), curve, args.json)
+    if args.servers is not None:
+        args.servers = args.servers[0]
     cfg = {k: (getattr(args, k) if getattr(args, k) is not None else (QUICK if args.quick else FULL)[k]) for k in FULL}
 
     # What docs/fleet.md advises a trainer: with torch imported, a full collection of the

@@ -1,4 +1,4 @@
-"""The work both sides of ``python -m bench`` do, defined once (torch only, no event loop).
+"""The work both sides of ``python -m bench`` do, defined once (torch only, imported where used; no event loop).
 
 Imported by rollout_trio's side (bench/run_all.py) and by AReaL's (bench/areal_worker.py,
 in AReaL's environment), so the episodes, rewards and requests are identical.
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where used: the fixed-answer servers start without torch
+    import torch
 
 PROMPT = list(range(1, 33))  # a 32-token prompt
 OUT_LEN = 48  # output lengths 42..48, varying per call so packing pads
@@ -53,6 +54,8 @@ def six_tensors(
     input_tokens: list[int], output_tokens: list[int], logprobs: list[float], versions: list[int]
 ) -> dict[str, torch.Tensor]:
     """One episode's trajectory: the usual six tensors of a single-turn rollout."""
+    import torch
+
     n_in, n_out = len(input_tokens), len(output_tokens)
     ids = [*input_tokens, *output_tokens]
     return {
@@ -67,6 +70,8 @@ def six_tensors(
 
 def rewards(n: int, seed: int = 0) -> torch.Tensor:
     """``n`` float32 rewards: a mix of 0/1 outcomes and continuous scores."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     r = torch.rand(n, generator=gen)
     return torch.where(r < 0.5, (r < 0.2).float(), r).to(torch.float32)

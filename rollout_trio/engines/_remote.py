@@ -365,10 +365,12 @@ class RemoteEngine:
             server.up = False  # serves for this engine once brought to the fleet's version
             self._workers.append(server)
             log.info("worker %s joined router %s", url, self.router_address)
-        for url, server in known.items():
-            if url not in listed and url not in self._quarantined:
-                self._workers.remove(server)
-                log.info("worker %s left router %s", url, self.router_address)
+        gone = [s for url, s in known.items() if url not in listed and url not in self._quarantined]
+        if gone:  # one pass over the list, not one list.remove each (O(N^2) when many leave)
+            for server in gone:
+                server.left = True
+                log.info("worker %s left router %s", server.base_url, self.router_address)
+            self._workers[:] = [s for s in self._workers if not s.left]
 
     async def _quarantine(self, server: Server) -> bool:
         """Take a worker out of the router while it is brought up to date (best effort)."""
@@ -540,7 +542,7 @@ class RemoteEngine:
         """Bring a healthy server that is out of service to the fleet's version and pause
         state, then mark it up; on failure it stays out (logged, retried next round)."""
         async with self._update_lock:  # never half-way through an update of the others
-            if server.up or server not in self._workers:
+            if server.up or server.left:  # an O(1) test: 'not in self._workers' scanned the list
                 return
             quarantined = False
             try:

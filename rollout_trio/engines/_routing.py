@@ -112,6 +112,8 @@ class Server:
         version: the weight version it was last known to hold (None: unknown).
         error: why it was last taken out of service, if it was.
         worker_id: the id a router knows it by (router mode), if any.
+        left: the router stopped listing it (router mode): it is no longer part of the
+            engine's fleet and is never brought back into service.
     """
 
     def __init__(self, base_url: str, backend: Any) -> None:
@@ -123,6 +125,7 @@ class Server:
         self.version: int | None = None
         self.error: EngineError | None = None
         self.worker_id: str | None = None
+        self.left = False
 
     def __repr__(self) -> str:
         return f"Server({self.base_url!r}, up={self.up}, in_flight={self.in_flight})"

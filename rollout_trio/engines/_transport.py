@@ -353,6 +353,9 @@ class TrioTransport(httpx.AsyncBaseTransport):
         self.max_connections = limits.max_connections or _default_max_connections()
         self.max_body_bytes = max_body_bytes
         self._origins: dict[tuple[str, int], _Origin] = {}
+        # The servers with an idle connection, oldest first (an ordered set): making room
+        # takes the first, never a walk over every server's pool.
+        self._with_idle: dict[_Origin, None] = {}
         self._slots = trio.Semaphore(self.max_connections)
         self._idle_count = 0
         self._closed = False
@@ -466,6 +469,8 @@ class TrioTransport(httpx.AsyncBaseTransport):
         while idle:
             conn = idle.pop()
             self._idle_count -= 1
+            if not idle:
+                self._with_idle.pop(origin, None)
             if conn.idle_since < oldest_kept or conn.stale():
                 conn.close()
                 continue
@@ -485,13 +490,15 @@ class TrioTransport(httpx.AsyncBaseTransport):
         conn.idle_since = now
         idle.append(conn)
         self._idle_count += 1
+        self._with_idle[origin] = None
 
     def _evict_one(self) -> None:
-        for origin in self._origins.values():
-            if origin.idle:
-                origin.idle.popleft().close()
-                self._idle_count -= 1
-                return
+        origin = next(iter(self._with_idle), None)  # O(1): only servers holding an idle connection are listed
+        if origin is not None:
+            origin.idle.popleft().close()
+            self._idle_count -= 1
+            if not origin.idle:
+                del self._with_idle[origin]
 
     async def _connect(self, origin: tuple[str, int], timeout: float | None, request: httpx.Request | None) -> _Conn:
         try:
@@ -513,6 +520,7 @@ class TrioTransport(httpx.AsyncBaseTransport):
         """Close every idle connection."""
         self._closed = True
         origins, self._origins = self._origins, {}
+        self._with_idle = {}
         for origin in origins.values():
             for conn in origin.idle:
                 conn.close()
