@@ -34,6 +34,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._errors import RolloutError as RolloutError
     from ._errors import ServerUnavailableError as ServerUnavailableError
     from ._errors import UnsupportedRequestError as UnsupportedRequestError
+    from ._errors import VersionLabelError as VersionLabelError
     from ._errors import VersionMismatchError as VersionMismatchError
     from ._errors import WorkflowContractError as WorkflowContractError
     from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
@@ -115,6 +116,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryDumper",
     "UnsupportedRequestError",
+    "VersionLabelError",
     "VersionMismatchError",
     "WorkflowContractError",
     "check_trajectory_format",
@@ -197,6 +199,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Trajectory": ("._trajectory", "Trajectory"),
     "TrajectoryDumper": (".executor", "TrajectoryDumper"),
     "UnsupportedRequestError": ("._errors", "UnsupportedRequestError"),
+    "VersionLabelError": ("._errors", "VersionLabelError"),
     "VersionMismatchError": ("._errors", "VersionMismatchError"),
     "workflow_context": (".workflow_context", None),
     "WorkflowContractError": ("._errors", "WorkflowContractError"),
