@@ -31,6 +31,7 @@ from .._config import GenerationConfig
 from .._errors import EngineError, UnsupportedRequestError, WorkflowContractError
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
+from ..engines._version_policy import parse_version_label
 from ._schema import (
     AbortBody,
     BadRequest,
@@ -286,12 +287,8 @@ class SGLangApp:
         return Reply(200, {"success": True, "new_version": label})
 
     def _version_for(self, label: str) -> int:
-        if label == "default":
-            return 0
-        try:
-            return int(label)
-        except ValueError:
-            return self.engine.get_version() + 1
+        """The engine version of a label the body schema checked (canonical int64 or 'default')."""
+        return parse_version_label(label, "weight_version")
 
     # ------------------------------------------------------------------ generation
 
