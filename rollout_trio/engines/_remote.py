@@ -33,6 +33,7 @@ again. A worker that joins a router mid-run goes through the same door.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -116,7 +117,8 @@ class RemoteEngine:
             engine then labels the server and puts it back. Raising keeps it out (logged,
             tried again next round). None: such a server stays out of service.
         api_key: sent as ``Authorization: Bearer`` on every call (``rollout-trio serve
-            --api-key``, SGLang ``--api-key``, vLLM ``--api-key``).
+            --api-key``, SGLang ``--api-key``, vLLM ``--api-key``, the key
+            ``rollout-trio fleet`` wrote); None: ``$ROLLOUT_TRIO_API_KEY`` if set.
         transport: an httpx transport to use instead of the default (a test seam).
         seed: seeds the routing start and the backoff jitter.
 
@@ -212,7 +214,7 @@ class RemoteEngine:
         self._connect_deadline = float(connect_deadline)
         self._health_interval = float(health_interval)
         self._transport = transport
-        self._api_key = api_key
+        self._api_key = api_key if api_key is not None else (os.environ.get("ROLLOUT_TRIO_API_KEY") or None)
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
 
