@@ -177,3 +177,22 @@ def test_the_fleet_generates_a_key_every_worker_and_the_router_require(tmp_path)
         answer = httpx.post(running.router + "/generate", json=GENERATE, headers=good, timeout=60)
         assert answer.status_code == 200, answer.text
         assert httpx.get(running.router + "/workers", headers=good, timeout=10).status_code == 200
+
+
+def test_other_users_are_login_accounts_with_a_home_or_other_users_processes(tmp_path):
+    from rollout_trio.cli._fleet_key import other_users
+
+    home = tmp_path / "home"
+    home.mkdir()
+    me = os.getuid()
+    passwd = tmp_path / "passwd"
+    passwd.write_text(
+        f"root:x:0:0::/root:/bin/bash\nme:x:{me}:{me}::/nowhere:/bin/bash\n"
+        f"svc:x:{me + 7}:1::/nonexistent:/usr/sbin/nologin\nghost:x:{me + 8}:1::/nonexistent:/bin/bash\n"
+    )
+    empty = tmp_path / "proc"
+    empty.mkdir()
+    assert other_users(str(passwd), str(empty)) == []  # no shell, or no home: nobody can log in
+    passwd.write_text(passwd.read_text() + f"alice:x:{me + 9}:1::{home}:/bin/bash\n")
+    assert other_users(str(passwd), str(empty)) == ["alice"]
+    assert other_users(str(tmp_path / "missing"), str(empty)) == [f"(unknown: {tmp_path / 'missing'} unreadable)"]

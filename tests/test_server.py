@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -301,6 +302,12 @@ async def test_api_key_from_the_environment_and_sigterm_aborts_in_flight_generat
                 async with engine(p.address):
                     pass
             assert info.value.status_code == 401
+            os.environ["ROLLOUT_TRIO_API_KEY"] = "k3y"  # what RemoteEngine reads without api_key=
+            try:
+                async with engine(p.address) as eng:
+                    assert (await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=1)))).output_len == 1
+            finally:
+                del os.environ["ROLLOUT_TRIO_API_KEY"]
             async with engine(p.address, api_key="k3y") as eng:
                 short = await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=3)))
                 assert short.output_len > 0

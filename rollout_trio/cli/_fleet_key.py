@@ -37,7 +37,7 @@ def api_key(text: str) -> str:
     return text
 
 
-def other_users() -> list[str]:
+def other_users(passwd: str = "/etc/passwd", proc: str = "/proc") -> list[str]:
     """Who else could reach loopback ports here: another account that can log in (a login
     shell and a home directory that exists) or another user running a process (root is
     not counted: it can read the key file anyway). Empty when nobody but this user could.
@@ -45,7 +45,7 @@ def other_users() -> list[str]:
     me = os.getuid()
     found: set[str] = set()
     try:
-        with open("/etc/passwd") as f:
+        with open(passwd) as f:
             for line in f:
                 parts = line.rstrip("\n").split(":")
                 if len(parts) < 7 or not parts[2].isdigit():
@@ -54,12 +54,12 @@ def other_users() -> list[str]:
                 if uid not in (0, me) and not shell.endswith(("nologin", "false")) and os.path.isdir(home):
                     found.add(parts[0])
     except OSError:
-        found.add("(unknown: /etc/passwd unreadable)")
+        found.add(f"(unknown: {passwd} unreadable)")
     try:
-        for entry in os.listdir("/proc"):
+        for entry in os.listdir(proc):
             if entry.isdigit():
                 try:
-                    uid = os.stat(f"/proc/{entry}").st_uid
+                    uid = os.stat(os.path.join(proc, entry)).st_uid
                 except OSError:
                     continue
                 if uid not in (0, me):
