@@ -249,7 +249,8 @@ class Fleet:
         started = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_trio", "fleet", "--workers", str(workers), "--port", "0",
-             "--policy", "round_robin", "--startup-timeout", "300"],  # fmt: skip
+             "--policy", "round_robin", "--startup-timeout", "300",
+             "--no-api-key"],  # a measurement on loopback; the key is tested in tests/test_fleet_cli.py  # fmt: skip
             stdout=subprocess.PIPE, text=True, cwd=ROOT,  # fmt: skip
             env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
         )

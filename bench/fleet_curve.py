@@ -163,7 +163,7 @@ async def timed(call: Callable[[], Awaitable[object]]) -> tuple[float, float]:
 
 async def put_listing(engine: RemoteEngine, router: str, urls: list[str]) -> None:
     """Set the fake router's listing (outside what is timed)."""
-    await engine._session().call(
+    await engine._shared.session().call(
         "http://" + router, HttpCall("PUT", "/bench/listing", {"urls": urls}), timeout=60, expect_json=False
     )
 
@@ -233,17 +233,17 @@ async def membership(n: int, cfg: dict[str, Any], addresses: list[str], router: 
     async with RemoteEngine(addresses[:1], **quiet) as helper:  # type: ignore[arg-type]
         await put_listing(helper, router, listed)
         async with RemoteEngine(router=router, **quiet) as engine:  # type: ignore[arg-type]
-            steady = [await timed(engine._refresh_workers) for _ in range(cfg["rounds"])]
+            steady = [await timed(engine._members.refresh_workers) for _ in range(cfg["rounds"])]
             churn = []
             for k in range(cfg["rounds"]):
                 await put_listing(helper, router, other if k % 2 == 0 else listed)
-                churn.append(await timed(engine._refresh_workers))
+                churn.append(await timed(engine._members.refresh_workers))
             health, joins = [], []
             for _ in range(max(1, cfg["rounds"] // 5)):
                 await put_listing(helper, router, other)
-                await engine._refresh_workers()
+                await engine._members.refresh_workers()
                 await put_listing(helper, router, listed)
-                await engine._refresh_workers()  # the second half joins again, out of service
+                await engine._members.refresh_workers()  # the second half joins again, out of service
                 joins.append((await timed(engine.check_fleet))[0])
                 assert all(s.up for s in engine.servers) and len(engine.servers) == n, "a joined worker was not brought in"
                 health.append((await timed(engine.check_fleet))[0])

@@ -266,19 +266,79 @@ def peers_bench(requests: int) -> None:
     trio.run(run)
 
 
+def versions_bench(requests: int) -> None:
+    """Poisoned versions (issue 34 item 3): one engine over an honest server and one whose
+    answers carry a hostile label; failed requests out of ``requests`` (main failed 4 of
+    10 next to a server answering 999) and the p99 latency as a ratio to two honest ones."""
+    import trio
+
+    from rollout_trio import EngineError, GenerationConfig, ModelRequest
+    from rollout_trio.engines import RemoteEngine, TrioTransport
+    from rollout_trio.engines._remote_http import RetryPolicy
+
+    sys.path.insert(0, ROOT)
+    from tests.conftest_remote import FakeServer, default_reply, sglang_body
+
+    labels: dict[str, object] = {
+        "honest (0)": "0", "999 on answers": "999", "10**30": 10**30, "2**63 as text": str(2**63),
+        "'1_000'": "1_000", "' 0 '": " 0 ", "Arabic-Indic zero": "\u0660",
+    }  # fmt: skip
+    req = ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=4))
+
+    def script(label: list[object]) -> object:
+        async def answer(method: str, path: str, body: object) -> object:
+            if path == "/get_model_info":
+                return 200, {"weight_version": "0"}
+            if path == "/generate":
+                out = sglang_body([7, 8, 9, 10])
+                out["meta_info"]["weight_version"] = label[0]
+                return 200, out
+            return await default_reply(method, path, body)
+
+        return answer
+
+    async def run() -> None:
+        print(f"{'second server labels':<22} {'failed':>8} {'p99 ms':>8} {'p99 / honest':>13} {'engine version':>15}")
+        base = 0.0
+        async with trio.open_nursery() as nursery:
+            good, bad_label = FakeServer(script(["0"])), ["0"]
+            bad = FakeServer(script(bad_label))
+            for server in (good, bad):
+                await nursery.start(server.run)
+            for name, label in labels.items():
+                bad_label[0] = label
+                kw = dict(seed=0, setup_timeout=10, retry=RetryPolicy(attempts=3, backoff_base=0.001), health_interval=3600)
+                async with RemoteEngine([good.address, bad.address], "sglang", transport=TrioTransport(), **kw) as eng:  # type: ignore[arg-type]
+                    failed, times = 0, []
+                    for i in range(requests):
+                        t0 = time.perf_counter()
+                        try:
+                            await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=req.gconfig, rid=f"v{i}"))
+                        except EngineError:
+                            failed += 1
+                        times.append(time.perf_counter() - t0)
+                    base = base or p99(times)
+                    print(f"{name:<22} {failed:>4}/{requests:<3} {p99(times) * 1e3:>8.2f} {p99(times) / base:>13.2f} {eng.get_version():>15}")
+            nursery.cancel_scope.cancel()
+
+    trio.run(run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=100, help="healthy requests per case")
     parser.add_argument("--quick", action="store_true", help="20 requests per case, a 2 s reward timeout")
-    parser.add_argument("--only", choices=["serve", "rewards", "peers"], help="run one part")
+    parser.add_argument("--only", choices=["serve", "rewards", "peers", "versions"], help="run one part")
     args = parser.parse_args()
     if args.quick:
         args.requests = min(args.requests, 20)
+    if args.only in (None, "versions"):
+        versions_bench(args.requests)
     if args.only in (None, "peers"):
         peers_bench(args.requests)
     if args.only in (None, "rewards"):
         reward_bench(args.requests, 2.0 if args.quick else 5.0)
-    if args.only in ("rewards", "peers"):
+    if args.only in ("rewards", "peers", "versions"):
         return
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     proc = subprocess.Popen(

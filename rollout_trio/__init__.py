@@ -34,6 +34,7 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._errors import RolloutError as RolloutError
     from ._errors import ServerUnavailableError as ServerUnavailableError
     from ._errors import UnsupportedRequestError as UnsupportedRequestError
+    from ._errors import VersionLabelError as VersionLabelError
     from ._errors import VersionMismatchError as VersionMismatchError
     from ._errors import WorkflowContractError as WorkflowContractError
     from ._group import GroupedRolloutWorkflow as GroupedRolloutWorkflow
@@ -125,6 +126,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryDumper",
     "UnsupportedRequestError",
+    "VersionLabelError",
     "VersionMismatchError",
     "VisionRLVRWorkflow",
     "WorkflowContractError",
@@ -217,6 +219,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Trajectory": ("._trajectory", "Trajectory"),
     "TrajectoryDumper": (".executor", "TrajectoryDumper"),
     "UnsupportedRequestError": ("._errors", "UnsupportedRequestError"),
+    "VersionLabelError": ("._errors", "VersionLabelError"),
     "VersionMismatchError": ("._errors", "VersionMismatchError"),
     "VisionRLVRWorkflow": (".workflows", "VisionRLVRWorkflow"),
     "workflow_context": (".workflow_context", None),

@@ -11,6 +11,7 @@ The hierarchy::
     │   ├── EngineServerError                        the server answered with an error status
     │   ├── EngineProtocolError                      the server's answer was malformed
     │   ├── VersionMismatchError                     a server reported an unexpected weight version
+    │   │   └── VersionLabelError (also EngineProtocolError, ValueError)  a label is not a canonical int64
     │   ├── ServerUnavailableError                   one server of a fleet was taken out of service
     │   ├── FleetError                               a control call (pause, update...) failed on servers
     │   └── UnsupportedRequestError (also ValueError) the engine cannot honour a request setting
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutError",
     "ServerUnavailableError",
     "UnsupportedRequestError",
+    "VersionLabelError",
     "VersionMismatchError",
     "WorkflowContractError",
 ]
@@ -102,6 +104,19 @@ class EngineProtocolError(EngineError):
 
 class VersionMismatchError(EngineError):
     """A server reported a weight version other than the one pinned for the segment."""
+
+
+class VersionLabelError(VersionMismatchError, EngineProtocolError, ValueError):
+    """A weight-version label is not ``"default"`` or a canonical decimal integer in
+    ``[0, 2**63 - 1]`` (no sign, no leading zero, no space, no ``_``, ASCII digits only).
+
+    ``field`` names where the label was read; ``rule`` is the rule it broke.
+    """
+
+    def __init__(self, message: str, *, field: str, rule: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.rule = rule
 
 
 class ServerUnavailableError(EngineError):

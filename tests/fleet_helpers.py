@@ -24,7 +24,7 @@ import httpx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKER = re.compile(r"^worker (\d+): (http://\S+) \(pid (\d+)\)$")
-_ROUTER = re.compile(r"^router: (http://\S+) \(pid (\d+), (\d+) workers, metrics (\S+)\)$")
+_ROUTER = re.compile(r"^router: (http://\S+) \(pid (\d+), (\d+) workers, metrics (\S+?), (?:api key in \S+|no api key)\)$")
 #: the tiny model loads in seconds, but CI machines are shared: startup gets a wide deadline
 STARTUP_DEADLINE = 100.0
 
@@ -103,9 +103,12 @@ def alive(pid: int) -> bool:
 class FleetProcess:
     """``python -m rollout_trio fleet ARGS`` with its stdout and stderr read by threads."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, keyed: bool = False) -> None:
         self.token = uuid.uuid4().hex
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", FLEET_TEST_TOKEN=self.token)
+        env.pop("ROLLOUT_TRIO_API_KEY", None)
+        if not keyed:  # tests talk to the workers without a key unless they ask for one
+            args = ("--no-api-key", *args)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_trio", "fleet", "--port", "0", *args],
             stdout=subprocess.PIPE,
@@ -168,9 +171,10 @@ class FleetProcess:
 
 
 @contextmanager
-def fleet(*args: str, workers: int = 2) -> Iterator[FleetProcess]:
-    """A ready fleet of ``workers`` tiny-model workers for the duration of the block."""
-    process = FleetProcess("--workers", str(workers), *args)
+def fleet(*args: str, workers: int = 2, keyed: bool = False) -> Iterator[FleetProcess]:
+    """A ready fleet of ``workers`` tiny-model workers for the duration of the block
+    (``keyed``: with the fleet's api key, else ``--no-api-key``)."""
+    process = FleetProcess("--workers", str(workers), *args, keyed=keyed)
     try:
         process.wait_ready(workers)
         yield process

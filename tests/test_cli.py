@@ -89,6 +89,8 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--ray-num-cpus": (["--ray-num-cpus", "-1"], 2, "--ray-num-cpus: must be a finite number >= 0"),
         "--ray-num-gpus": (["--ray-num-gpus", "inf"], 2, "--ray-num-gpus: must be a finite number >= 0"),
         "--key-file": (["--key-file", "/nonexistent/k"], 2, "--key-file: must be a file path in an existing directory"),
+        "--api-key": (["--api-key", "short"], 2, "--api-key: must be 16-256 characters"),
+        "--no-api-key": (["--no-api-key=1"], 2, "--no-api-key: ignored explicit argument '1'"),
     },
     # {dump} is a small real dump (the `dump` fixture)
     "inspect": {

@@ -144,6 +144,8 @@ def pasted(tmp_path, monkeypatch) -> Iterator[Path]:
     modules named ``areal``, a frozen collector, ``sys.argv``, atexit callbacks run now)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["-"])  # what python says when a program comes on stdin
+    # A user with the fleet's key exported (a fleet a block starts uses it; RemoteEngine reads it).
+    monkeypatch.setenv("ROLLOUT_TRIO_API_KEY", "doc-block-key-" + tmp_path.name.replace("_", "-")[-24:].ljust(8, "x"))
     meta_path, modules = list(sys.meta_path), set(sys.modules)
     registered: list[tuple[object, tuple[object, ...]]] = []
 

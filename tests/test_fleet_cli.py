@@ -137,3 +137,78 @@ def test_the_router_dying_is_a_one_line_failure_and_the_workers_are_stopped():
         assert running.wait() == 1
         assert running.stderr[-1] == "rollout-trio fleet: error: sglang-router exited with signal SIGKILL", running.stderr
         assert running.survivors() == []
+
+
+# -- issue 34 item 3: the fleet's api key reaches every worker and the router -------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--api-key", "has space in it ok"], "--api-key: must be 16-256 characters"),
+        (["--api-key=fleet:key:with:colons"], "--api-key: must be 16-256 characters"),
+        (["--api-key", "0123456789abcdef", "--no-api-key"], "--no-api-key: not allowed with argument --api-key"),
+    ],
+)
+def test_a_bad_api_key_option_is_one_line_and_exit_2(capsys, argv, says):
+    assert main(["fleet", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+
+
+def test_no_api_key_with_a_key_file_is_one_line_and_exit_1(capsys, tmp_path):
+    assert main(["fleet", "--no-api-key", "--key-file", str(tmp_path / "k")]) == 1
+    assert "--key-file: there is no key to write with --no-api-key" in capsys.readouterr().err
+
+
+def test_a_key_file_planted_as_a_link_is_never_followed(capsys, tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("keep\n")
+    (tmp_path / "k").symlink_to(target)
+    assert main(["fleet", "--key-file", str(tmp_path / "k"), "--workers", "1"]) == 1
+    assert "--key-file: cannot write" in capsys.readouterr().err and target.read_text() == "keep\n"
+
+
+def test_the_fleet_generates_a_key_every_worker_and_the_router_require(tmp_path):
+    """On main: `fleet` could not give its workers a key; any local user could pause,
+    relabel (POST /update_weight_version 1000) or reload them, or edit the router."""
+    key_file = tmp_path / "fleet.key"
+    with fleet("--key-file", str(key_file), workers=2, keyed=True) as running:
+        assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+        key = key_file.read_text().strip()
+        assert len(key) >= 16
+        good = {"Authorization": f"Bearer {key}"}
+        assert f"api key in {key_file}" in running.stdout[-1]
+        for url, pid in running.workers:
+            relabel = httpx.post(url + "/update_weight_version", json={"new_version": "1000"}, timeout=10)
+            assert relabel.status_code == 401
+            assert httpx.post(url + "/pause_generation", json={}, timeout=10).status_code == 401
+            assert httpx.get(url + "/get_weight_version", headers=good, timeout=10).json() == {"weight_version": "default"}
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert key.encode() not in f.read()  # other users can read a command line
+        assert httpx.get(running.router + "/workers", timeout=10).status_code == 401
+        assert httpx.delete(running.router + "/workers/any", timeout=10).status_code == 401
+        with open(f"/proc/{running.router_pid}/cmdline", "rb") as f:
+            assert key.encode() not in f.read()
+        answer = httpx.post(running.router + "/generate", json=GENERATE, headers=good, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(running.router + "/workers", headers=good, timeout=10).status_code == 200
+
+
+def test_other_users_are_login_accounts_with_a_home_or_other_users_processes(tmp_path):
+    from rollout_trio.cli._fleet_key import other_users
+
+    home = tmp_path / "home"
+    home.mkdir()
+    me = os.getuid()
+    passwd = tmp_path / "passwd"
+    passwd.write_text(
+        f"root:x:0:0::/root:/bin/bash\nme:x:{me}:{me}::/nowhere:/bin/bash\n"
+        f"svc:x:{me + 7}:1::/nonexistent:/usr/sbin/nologin\nghost:x:{me + 8}:1::/nonexistent:/bin/bash\n"
+    )
+    empty = tmp_path / "proc"
+    empty.mkdir()
+    assert other_users(str(passwd), str(empty)) == []  # no shell, or no home: nobody can log in
+    passwd.write_text(passwd.read_text() + f"alice:x:{me + 9}:1::{home}:/bin/bash\n")
+    assert other_users(str(passwd), str(empty)) == ["alice"]
+    assert other_users(str(tmp_path / "missing"), str(empty)) == [f"(unknown: {tmp_path / 'missing'} unreadable)"]

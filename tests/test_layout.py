@@ -133,3 +133,25 @@ def test_no_import_cycle_runs_through_the_engines() -> None:
         if name.startswith("rollout_trio.engines"):
             cycle = reaches(name, name)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# -- issue 34 (Design): the engines never import from the executor --------------------
+
+
+def test_no_engine_module_imports_the_executor() -> None:
+    """It used to: engines/_replay imported executor._dump (under TYPE_CHECKING and in
+    ``from_dump``); the engines are reached by the executor, never the other way."""
+    graph = _static_import_graph()
+    offenders = {
+        name: sorted(d for d in deps if d == "rollout_trio.executor" or d.startswith("rollout_trio.executor."))
+        for name, deps in graph.items()
+        if name.startswith("rollout_trio.engines")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_remote_engine_modules_stay_small() -> None:
+    """``engines/_remote.py`` was 1,046 lines; it splits along the trust rules (issue 34)."""
+    for name in ["_remote", "_remote_fleet", "_remote_segments", "_remote_service", "_version_policy", "_remote_http"]:
+        lines = (PACKAGE / "engines" / f"{name}.py").read_text().count("\n")
+        assert lines <= 500, f"engines/{name}.py has {lines} lines"

@@ -39,7 +39,7 @@ async def test_a_refresh_in_which_half_the_workers_leave_does_linear_work(
         for host in leaving:
             del fleet.listed[host]
         comparisons[0] = 0
-        await eng._refresh_workers()
+        await eng._members.refresh_workers()
         assert len(eng.servers) == N // 2
         assert comparisons[0] <= N, f"{comparisons[0]} Server comparisons for one refresh of {N} workers"
 

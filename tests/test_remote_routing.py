@@ -199,7 +199,10 @@ async def test_control_calls_reach_every_server_and_a_refusal_is_a_typed_error_n
     assert a.paths("/pause_generation") == [{"mode": "abort"}]
 
 
-async def test_servers_that_disagree_on_their_version_are_an_error_naming_them() -> None:
+async def test_servers_without_a_majority_version_are_an_error_naming_them() -> None:
+    """Servers disagreeing at start: the version a strict majority holds is the fleet's
+    and the others are taken out (one server cannot block or move the fleet); with no
+    majority, an error naming them all (issue 34 item 3)."""
     from rollout_trio import VersionMismatchError
 
     def reporting(label: str) -> Any:
@@ -212,16 +215,18 @@ async def test_servers_that_disagree_on_their_version_are_an_error_naming_them()
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            servers = [FakeServer(reporting(label)) for label in ("4", "4", "5")]
+            servers = [FakeServer(reporting(label)) for label in ("4", "5", "4")]
             for s in servers:
                 await nursery.start(s.run)
-            with pytest.raises(VersionMismatchError, match="disagree") as info:
-                async with RemoteEngine([s.address for s in servers], setup_timeout=5, seed=0):
+            with pytest.raises(VersionMismatchError, match="no version is held by a majority") as info:
+                async with RemoteEngine([s.address for s in servers[:2]], setup_timeout=5, seed=0):
                     pass
-            for s, label in zip(servers, ("4", "4", "5"), strict=True):
+            for s, label in zip(servers[:2], ("4", "5"), strict=True):
                 assert f"http://{s.address} at {label}" in str(info.value)
-            async with RemoteEngine([s.address for s in servers[:2]], setup_timeout=5, seed=0) as eng:
-                assert eng.get_version() == 4  # adopted where they agree
+            async with RemoteEngine([s.address for s in servers], setup_timeout=5, seed=0) as eng:
+                assert eng.get_version() == 4  # what the majority holds
+                assert [s.up for s in eng.servers] == [True, False, True]
+                assert "holds weight version 5" in str(eng.servers[1].error)
             assert all(not s.paths("/update_weight_version") for s in servers)
             nursery.cancel_scope.cancel()
 

@@ -231,7 +231,7 @@ def test_records_without_tokens_are_refused(tmp_path):
             "version_rle": [[0, 1]], "reward": 1.0, "prompt": "a", "completion": "b"}  # an AReaL dump line
     (d / "3.jsonl").write_text(json.dumps(line) + "\n")
     with pytest.raises(ValueError, match="task 3 row 1 has no 'tokens'"):
-        ReplayEngine.from_dump(tmp_path)
+        ReplayEngine.from_dump(tmp_path, read=read_dump)
 
 
 async def test_pause_holds_answers_until_resume(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from rollout_trio import (
     EngineTimeoutError,
     GenerationConfig,
     ModelRequest,
+    ServerUnavailableError,
     VersionMismatchError,
 )
 from rollout_trio.engines import RemoteEngine
@@ -161,15 +163,22 @@ async def test_pause_update_continue_versions_per_token(server: ServeProcess, tm
             after = await eng.agenerate(
                 ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=4, ignore_eos=True))
             )
-        async with engine(server.address, version=0) as eng1, httpx.AsyncClient() as other:
-            assert eng1.get_version() == 1  # adopted from the server, not told to it
-            await other.post(server.url + "/update_weight_version", json={"new_version": "5"})  # another rank updates
+        async with engine(server.address, version=0, health_interval=3600) as eng1, httpx.AsyncClient() as other:
+            assert eng1.get_version() == 1  # adopted from the server at start, not told to it
+            # A local user relabels the lone server: it is taken out, the version stays (issue 34 item 3).
+            await other.post(server.url + "/update_weight_version", json={"new_version": "5"})
             two = GenerationConfig(max_new_tokens=2, ignore_eos=True)
-            moved = await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=two))
-            assert moved.output_versions == (5, 5) and eng1.get_version() == 5  # adopted, not an error
+            with pytest.raises(ServerUnavailableError, match="every server is out of service"):
+                await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=two))
+            assert eng1.get_version() == 1 and "holds weight version 5, the fleet 1" in str(eng1.servers[0].error)
+            await other.post(server.url + "/update_weight_version", json={"new_version": "1"})  # set back
+            await eng1.check_fleet()  # back in service: it holds the fleet's version again
+            back = await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=two))
+            assert back.output_versions == (1, 1) and eng1.servers[0].up
             await other.post(server.url + "/update_weight_version", json={"new_version": "0"})  # stale weights
-            with pytest.raises(VersionMismatchError, match="version 0 for tokens of a segment sent when the fleet was at version 5"):
+            with pytest.raises(ServerUnavailableError):
                 await eng1.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
+            assert "version 0 for tokens of a segment sent when the fleet was at version 1" in str(eng1.servers[0].error)
     for resp in results:
         assert resp.output_len == 200 and resp.stop_reason == "length"
         v = list(resp.output_versions)
@@ -289,10 +298,16 @@ async def test_api_key_from_the_environment_and_sigterm_aborts_in_flight_generat
             async with httpx.AsyncClient() as client:
                 assert (await client.get(p.url + "/health")).status_code == 200
                 assert (await client.get(p.url + "/get_model_info")).status_code == 401
-            unauthorised = pytest.RaisesExc(EngineServerError, match="HTTP 401", check=lambda e: e.status_code == 401)
-            with pytest.RaisesGroup(unauthorised, flatten_subgroups=True):  # raised in the per-server setup
+            with pytest.raises(EngineServerError, match="HTTP 401") as info:  # one typed error, never a group
                 async with engine(p.address):
                     pass
+            assert info.value.status_code == 401
+            os.environ["ROLLOUT_TRIO_API_KEY"] = "k3y"  # what RemoteEngine reads without api_key=
+            try:
+                async with engine(p.address) as eng:
+                    assert (await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=1)))).output_len == 1
+            finally:
+                del os.environ["ROLLOUT_TRIO_API_KEY"]
             async with engine(p.address, api_key="k3y") as eng:
                 short = await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=3)))
                 assert short.output_len > 0

@@ -509,3 +509,46 @@ def test_app_answers_any_json_without_a_500(path: str, body: Any) -> None:
 )
 def test_generate_answers_any_sampling_params_without_a_500(ids: list[int], sp: dict[str, Any]) -> None:
     assert _answer("/generate", {"input_ids": ids, "sampling_params": sp}) in (200, 400)
+
+
+# -- issue 34 item 3: serve reads version labels by the engine's rules, behind the key ------
+
+
+@pytest.mark.parametrize("label", ["1_000", " 7 ", "\u0663", "-5", "007", "+1", str(2**63), str(10**30), "x", ""])
+@pytest.mark.parametrize("path, key", [("/update_weight_version", "new_version"), ("/update_weights_from_disk", "weight_version")])
+async def test_a_non_canonical_version_label_is_a_400_naming_the_field(label: str, path: str, key: str) -> None:
+    """On main: int() read "1_000", " 7 ", "\u0663" and "-5", and any other label became
+    the engine's version + 1."""
+
+    async def scenario(s: Running) -> None:
+        body = {key: label, **({"model_path": "/ckpt"} if "disk" in path else {})}
+        r = await s.post(path, body)
+        assert r.status_code == 400, r.text
+        assert key in r.text and "canonical decimal integer" in r.text
+        assert s.engine.version == 0 and s.engine.updates == []
+        assert (await s.client.get(s.url + "/get_weight_version")).json() == {"weight_version": "default"}
+
+    await run_app(scenario)
+
+
+@pytest.mark.parametrize("label, version", [("0", 0), ("default", 0), ("12", 12), (str(2**63 - 1), 2**63 - 1)])
+async def test_canonical_labels_set_the_engines_version(label: str, version: int) -> None:
+    async def scenario(s: Running) -> None:
+        r = await s.post("/update_weight_version", {"new_version": label})
+        assert r.status_code == 200 and s.engine.version == version
+
+    await run_app(scenario)
+
+
+async def test_relabelling_needs_the_api_key_when_one_is_set() -> None:
+    async def scenario(s: Running) -> None:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            r = await s.client.post(s.url + "/update_weight_version", json={"new_version": "1000"}, headers=headers)
+            assert r.status_code == 401
+        assert s.engine.version == 0
+        r = await s.client.post(
+            s.url + "/update_weight_version", json={"new_version": "3"}, headers={"authorization": "Bearer sekrit"}
+        )
+        assert r.status_code == 200 and s.engine.version == 3
+
+    await run_app(scenario, api_key="sekrit")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 import pathlib
 
@@ -98,7 +99,7 @@ def test_weight_versions_ranges_from_pause_sequences() -> None:
         ([{"version": "1", "start": 0, "end": 3}], 4, "cover 3 tokens"),
         ([{"version": "1", "start": 1, "end": 4}], 4, "tile"),
         ([{"version": "1", "start": 0, "end": 10**12}], 4, "tile"),
-        ([{"version": "x", "start": 0, "end": 4}], 4, "integer weight version"),
+        ([{"version": "x", "start": 0, "end": 4}], 4, "canonical decimal integer"),
         ([{"version": "1", "start": 0}], 1, "'end'"),
         ({"version": "1"}, 1, "must be a list"),
     ],
@@ -277,7 +278,7 @@ async def test_remote_vllm_keep_mode_mixed_versions_are_the_servers_labels() -> 
         async with _engine(fake, version=1) as eng:
             resp = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=3)))
             assert resp.output_versions == (1, 2, 2)
-            assert eng.get_version() == 2  # the fleet moved on: adopted
+            assert eng.get_version() == 1  # a server's labels never move the engine's version
 
 
 async def test_remote_vllm_falls_back_to_completions_on_403() -> None:
@@ -406,13 +407,13 @@ async def test_vllm_second_client_adopts_the_updated_version_and_both_keep_gener
     assert fake.label == "3"
 
 
-async def test_vllm_without_a_version_endpoint_adopts_the_first_reported_ranges() -> None:
+async def test_vllm_without_a_version_endpoint_labels_tokens_as_reported_and_adopts_nothing() -> None:
     fake = FakeVLLM()
     fake.script = [_tito([5, 6], "length", [("7", 0, 2)]), _tito([8], "length", [("7", 0, 1)])]
     with trio.fail_after(10):
         async with _engine(fake) as eng:
             first = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=2)))
-            assert eng.get_version() == 7
+            assert eng.get_version() == 0  # one server's labels never move the engine's version
             second = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=GenerationConfig(max_new_tokens=1)))
     assert first.output_versions == (7, 7) and second.output_versions == (7,)
 
@@ -432,22 +433,37 @@ class ScriptedLabelledVLLM(StatefulVLLM):
         return super().__call__(request)
 
 
-async def test_remote_vllm_stale_or_backwards_versions_raise() -> None:
+async def test_remote_vllm_stale_newer_or_backwards_versions_take_the_server_out() -> None:
+    """Each answer is dropped and its server taken out of service (it used to fail the
+    request, and a newer label was adopted: one server moved the fleet, issue 34 item 3).
+    A lone server's out: the request fails typed; check_fleet brings it back at the
+    fleet's version (this engine never published, and it reports the fleet's version)."""
+    from rollout_trio import ServerUnavailableError
+
     fake = ScriptedLabelledVLLM(
         "2",
         [
             _tito([5, 6], "length", [("2", 0, 1), ("1", 1, 2)]),
             _tito([5], "length", [("1", 0, 1)]),
             _tito([5], "length", [("3", 0, 1)]),
+            _tito([5], "length", [("2", 0, 1)]),
         ],
     )
     g = GenerationConfig(max_new_tokens=2)
     with trio.fail_after(10):
-        async with _engine(fake) as eng:
+        async with _engine(fake, health_interval=3600) as eng:
             assert eng.get_version() == 2
-            with pytest.raises(VersionMismatchError, match=r"go backwards within a segment \(2 then 1 at token 1\)"):
-                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g))
-            with pytest.raises(VersionMismatchError, match=r"version 1 for tokens of a segment sent when the fleet was at version 2"):
-                await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=1)))
-            newer = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=1)))
-            assert newer.output_versions == (3,) and eng.get_version() == 3  # another rank updated it
+            for reason, budget in [
+                (r"go backwards within a segment \(2 then 1 at token 1\)", 2),
+                (r"version 1 for tokens of a segment sent when the fleet was at version 2", 1),
+                (r"weight version 3, newer than the fleet's 2", 1),
+            ]:
+                with pytest.raises(ServerUnavailableError, match="every server is out of service"):
+                    await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=budget)))
+                (server,) = eng.servers
+                assert not server.up and server.barred and re.search(reason, str(server.error))
+                assert eng.get_version() == 2  # never adopted
+                await eng.check_fleet()
+                assert server.up
+            honest = await eng.agenerate(ModelRequest(input_ids=[1], gconfig=g.new(max_new_tokens=1)))
+            assert honest.output_versions == (2,)

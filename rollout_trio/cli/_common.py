@@ -264,17 +264,21 @@ def check_device(requested: str | None) -> None:
         raise CommandError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
 
 
+#: ``--model tiny-vlm``: the built-in tiny vision-language model (rollout_trio.models_vision).
+TINY_VLM = "tiny-vlm"
+
+
 def check_model_dir(path: str | None, flag: str = "--model") -> None:
     """Refuse a checkpoint directory that does not exist, before torch is imported.
 
     Args:
-        path: the ``--model`` value, or None (the built-in tiny model).
+        path: the ``--model`` value, or None (the built-in tiny model), or ``tiny-vlm``.
         flag: the option named in the message.
 
     Raises:
         CommandError: ``path`` is not a directory.
     """
-    if path is not None and not os.path.isdir(path):
+    if path is not None and path != TINY_VLM and not os.path.isdir(path):
         raise CommandError(f"{flag} {path}: no such checkpoint directory")
 
 

@@ -7,9 +7,13 @@ on stdout::
 
     worker 0: http://127.0.0.1:41234 (pid 1201)
     worker 1: http://127.0.0.1:41235 (pid 1202)
-    router: http://127.0.0.1:30000 (pid 1203, 2 workers, metrics http://127.0.0.1:41236/metrics)
+    router: http://127.0.0.1:30000 (pid 1203, 2 workers, metrics http://127.0.0.1:41236/metrics, api key in /run/user/1000/rollout-trio-fleet-1200.key)
 
-Point ``RemoteEngine`` at the router's address. Ctrl-C stops the router, then the workers
+Every worker and the router require an api key (``--api-key``, else ``ROLLOUT_TRIO_API_KEY``,
+else one generated when another user could reach the workers, or when ``--key-file`` is
+given), written to ``--key-file`` (mode 0600) and named on the router's line;
+``--no-api-key`` runs them without. Point
+``RemoteEngine(router=..., api_key=...)`` at the router's address. Ctrl-C stops the router, then the workers
 (SIGTERM, SIGKILL after ``--stop-timeout``), says what it stopped and exits 130; SIGTERM
 does the same and exits 0. The children run in their own session, so a terminal's Ctrl-C
 reaches only this command, which stops them in order. A worker that exits is reported and
@@ -24,6 +28,7 @@ import collections
 import importlib.util
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -36,14 +41,15 @@ import httpx
 import trio
 
 from .._bounded import aread_response, loads_json
+from . import _fleet_key
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
     Parser,
     non_negative_float,
+    port,
     positive_float,
     positive_int,
-    port,
     check_device,
     check_model_dir,
     run_command,
@@ -117,6 +123,25 @@ def _parser() -> Parser:
     p.add_argument(
         "--router-log-level", choices=ROUTER_LOG_LEVELS, default="error", help="sglang-router's logging level"
     )
+    key = p.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key",
+        type=_fleet_key.api_key,
+        default=None,
+        help="the key every worker and the router require (default: $ROLLOUT_TRIO_API_KEY, else one generated when "
+        "another user could reach the workers); prefer the variable: a command line is visible to other users",
+    )
+    key.add_argument(
+        "--no-api-key",
+        action="store_true",
+        help="run the workers and the router without a key (any local user can then pause, relabel or reload them)",
+    )
+    p.add_argument(
+        "--key-file",
+        type=_key_file,
+        default=None,
+        help="where the fleet's api key is written, mode 0600 (default: a file in $XDG_RUNTIME_DIR or /tmp)",
+    )
     ray = p.add_argument_group("on a Ray cluster (pip install -e '.[ray]')")
     ray.add_argument(
         "--ray",
@@ -127,12 +152,6 @@ def _parser() -> Parser:
     )
     ray.add_argument("--ray-num-cpus", type=non_negative_float, default=1.0, help="CPUs Ray reserves for each worker")
     ray.add_argument("--ray-num-gpus", type=non_negative_float, default=0.0, help="GPUs Ray reserves for each worker")
-    ray.add_argument(
-        "--key-file",
-        type=_key_file,
-        default=None,
-        help="where the fleet's api key is written, mode 0600 (default: a file in $XDG_RUNTIME_DIR or /tmp)",
-    )
     return p
 
 
@@ -234,6 +253,7 @@ class Fleet:
 
     def __init__(self, args: argparse.Namespace, worker_options: list[str]) -> None:
         self.args = args
+        self.key: str | None = args.key
         serve = [sys.executable, "-m", "rollout_trio", "serve", *worker_options, "--host", "127.0.0.1", "--port", "0"]
         self.workers = [Child(f"worker {i}", serve) for i in range(args.workers)]
         self.router: Child | None = None
@@ -251,6 +271,9 @@ class Fleet:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if not self.colour:  # sglang-router (its Python launcher and its Rust logger) colours its lines
             env.update(NO_COLOR="1", RUST_LOG_STYLE="never")
+        env.pop(_fleet_key.ENV, None)
+        if self.key is not None:  # in the environment, never on a command line
+            env[_fleet_key.ENV] = self.key
         child.process = await trio.lowlevel.open_process(
             child.argv,
             stdin=subprocess.DEVNULL,
@@ -331,8 +354,10 @@ class Fleet:
         while self._held:
             print(self._held.popleft(), file=sys.stderr, flush=True)
         assert self.router is not None
+        where = f", api key in {self.args.key_file}" if self.key is not None else ", no api key"
         print(
-            f"router: {router_url} (pid {self.router.pid}, {len(self.workers)} workers, metrics {self.metrics_url})",
+            f"router: {router_url} (pid {self.router.pid}, {len(self.workers)} workers, metrics {self.metrics_url}"
+            f"{where})",
             flush=True,
         )
         print(f"{_PROG}: ready; Ctrl-C stops the router and the workers", file=sys.stderr, flush=True)
@@ -361,7 +386,7 @@ class Fleet:
         argv = [
             sys.executable,
             "-m",
-            "sglang_router.launch_router",
+            "rollout_trio.cli._fleet_key",  # sglang-router, with the key from the environment
             "--host",
             "127.0.0.1",
             "--port",
@@ -392,7 +417,8 @@ class Fleet:
     async def _wait_router_healthy(self, router_url: str) -> None:
         """Poll the router's ``GET /workers`` until it lists every worker healthy."""
         wanted = {w.url for w in self.workers}
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key is not None else {}
+        async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
             while True:
                 try:
                     async with client.stream("GET", router_url + "/workers") as response:
@@ -463,11 +489,37 @@ async def _serve_fleet(args: argparse.Namespace, worker_options: list[str]) -> i
     return EXIT_INTERRUPTED if received == [signal.SIGINT] else 0
 
 
+def _choose_key(args: argparse.Namespace) -> None:
+    """``args.key`` (None: none) and ``args.key_file`` (written, 0600)."""
+    if args.no_api_key:
+        if args.key_file is not None:
+            raise CommandError("--key-file: there is no key to write with --no-api-key")
+        args.key = None
+        return
+    from_env = os.environ.get(_fleet_key.ENV)
+    if args.api_key is None and from_env:
+        try:
+            _fleet_key.api_key(from_env)
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"${_fleet_key.ENV}: {exc}") from None
+    args.key = args.api_key or from_env
+    if args.key is None:
+        if not _fleet_key.other_users() and args.key_file is None:
+            return  # nobody else can reach the workers; --key-file asks for one anyway
+        args.key = secrets.token_urlsafe(24)
+    args.key_file = args.key_file or _fleet_key.default_key_file()
+    try:
+        _fleet_key.write_key_file(args.key_file, args.key)
+    except OSError as exc:
+        raise CommandError(f"--key-file: cannot write {args.key_file}: {exc}") from exc
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.ray is None:  # the workers' checkpoint and device are this machine's: check them before they start
         check_model_dir(args.worker_args.model)
         check_device(args.worker_args.device)
-    else:
+    _choose_key(args)
+    if args.ray is not None:
         if importlib.util.find_spec("ray") is None:
             raise CommandError("--ray: Ray is not installed: pip install -e '.[ray]' from a rollout_trio checkout")
         from ..ray._cli import serve_ray_fleet

@@ -142,7 +142,8 @@ def _build_engine(args: argparse.Namespace) -> tuple[LocalEngine, Any]:
     from ..engines import LocalEngine
 
     if args.task == "vision":
-        from ._serve import TINY_VLM, _load_vision_model
+        from ._common import TINY_VLM
+        from ._serve import _load_vision_model
 
         vision = _load_vision_model(args.model or TINY_VLM, args.device)
         if vision is None:

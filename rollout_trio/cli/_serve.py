@@ -25,6 +25,7 @@ import trio
 
 from ._common import (
     EXIT_INTERRUPTED,
+    TINY_VLM,
     CommandError,
     Parser,
     UsageError,
@@ -125,8 +126,6 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve anywhere
 
 
-#: ``--model tiny-vlm``: the built-in tiny vision-language model (rollout_trio.models_vision).
-TINY_VLM = "tiny-vlm"
 
 
 def _load_vision_model(path: str | None, requested_device: str | None) -> tuple[Any, Any, str] | None:
@@ -189,7 +188,7 @@ async def _serve(args: argparse.Namespace, received: list[int]) -> None:
     started = trio.current_time()
     apps: list[Any] = []
     try:
-        await _serve_engine(args, received, engine, tokenizer, name, limits, apps.append)
+        await _serve_engine(args, received, engine, tokenizer, processor, name, limits, apps.append)
     finally:
         if received and apps:  # what finished, however the shutdown went
             how = "interrupted" if received == [signal.SIGINT] else "terminated"
@@ -221,7 +220,14 @@ def served(counters: Any, seconds: float) -> str:
 
 
 async def _serve_engine(
-    args: argparse.Namespace, received: list[int], engine: Any, tokenizer: Any, name: str, limits: Any, made: Any
+    args: argparse.Namespace,
+    received: list[int],
+    engine: Any,
+    tokenizer: Any,
+    processor: Any,
+    name: str,
+    limits: Any,
+    made: Any,
 ) -> None:
     from ..server import SGLangApp, serve_app, sglang_asgi
 

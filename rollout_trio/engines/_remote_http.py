@@ -35,6 +35,7 @@ from .._errors import (
     EngineProtocolError,
     EngineServerError,
     EngineTimeoutError,
+    ServerUnavailableError,
 )
 from ._remote_wire import HttpCall
 from .._bounded import loads_json
@@ -109,8 +110,9 @@ class RetryPolicy:
 
 
 def is_retriable(exc: BaseException) -> bool:
-    """Whether a failed attempt may be tried again: connect and local errors, timeouts, 5xx, 429."""
-    if isinstance(exc, (EngineConnectError, EngineLocalError, EngineTimeoutError)):
+    """Whether a failed attempt may be tried again: connect and local errors, timeouts, 5xx,
+    429, and a server taken out of service (the request goes to another)."""
+    if isinstance(exc, (EngineConnectError, EngineLocalError, EngineTimeoutError, ServerUnavailableError)):
         return True
     if isinstance(exc, EngineServerError):
         return exc.status_code >= 500 or exc.status_code == 429

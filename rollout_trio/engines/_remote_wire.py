@@ -16,6 +16,7 @@ import attrs
 
 from .._config import GenerationConfig
 from .._errors import EngineProtocolError
+from ._version_policy import parse_version_label
 
 __all__ = [
     "HttpCall",
@@ -159,21 +160,16 @@ def logprob(v: Any, what: str) -> float:
 
 
 def parse_version(value: Any, what: str) -> int:
-    """A server's weight-version string as an int; ``"default"`` is version 0.
+    """A server's weight-version label as an int; ``"default"`` is version 0.
+
+    The rules are :func:`~rollout_trio.engines._version_policy.parse_version_label`'s: a
+    canonical decimal integer in ``[0, 2**63 - 1]``.
 
     Raises:
-        EngineProtocolError: the value is neither ``"default"`` nor an integer.
+        VersionLabelError: naming ``what`` and the rule broken (the engine takes a server
+            answering such a label out of service).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        if value == "default":
-            return 0
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    raise EngineProtocolError(f"{what}: must be an integer weight version or 'default', got {_short(value)}")
+    return parse_version_label(value, what)
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import trio
@@ -16,10 +16,38 @@ from .._errors import RolloutError
 from .._io import ModelRequest, ModelResponse
 from ._protocol import WeightsSource
 
-if TYPE_CHECKING:
-    from ..executor._dump import DumpRecord
+__all__ = ["ReplayEngine", "ReplayMismatchError", "ReplayRecord", "ReplayTokens"]
 
-__all__ = ["ReplayEngine", "ReplayMismatchError"]
+
+class ReplayTokens(Protocol):
+    """A recorded row's tokens, as a dump holds them (``rollout_trio.read_dump``'s ``tokens``)."""
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+    @property
+    def logprobs(self) -> Sequence[float] | None: ...
+    @property
+    def versions(self) -> Sequence[int]: ...
+
+
+class ReplayRecord(Protocol):
+    """What the engine reads of a recorded row (a :func:`rollout_trio.read_dump` record).
+
+    A protocol, so the engines never import the executor that writes and reads dumps.
+    """
+
+    @property
+    def task_id(self) -> int: ...
+    @property
+    def sample_idx(self) -> int: ...
+    @property
+    def is_eval(self) -> bool: ...
+    @property
+    def is_truncated(self) -> bool | None: ...
+    @property
+    def tokens(self) -> ReplayTokens | None: ...
 
 TaskKey = tuple[bool, int]  # (is_eval, task_id)
 
@@ -46,7 +74,7 @@ class _Answer:
     truncated: bool | None  # the row's is_truncated, for the row's last generation only
 
 
-def _generation_runs(record: DumpRecord) -> Iterable[tuple[tuple[int, ...], _Answer]]:
+def _generation_runs(record: ReplayRecord) -> Iterable[tuple[tuple[int, ...], _Answer]]:
     """``(prompt ids, answer)`` for each run of generated tokens of a row, in order."""
     t = record.tokens
     assert t is not None
@@ -59,8 +87,16 @@ def _generation_runs(record: DumpRecord) -> Iterable[tuple[tuple[int, ...], _Ans
         end = start
         while end < n and t.loss_mask[end] == 1:
             end += 1
-        logprobs = t.logprobs[start:end] if t.logprobs is not None else (0.0,) * (end - start)
-        yield t.input_ids[:start], _Answer(t.input_ids[start:end], logprobs, t.versions[start:end], record.is_truncated if end == n else False)
+        logprobs = tuple(t.logprobs[start:end]) if t.logprobs is not None else (0.0,) * (end - start)
+        yield (
+            tuple(t.input_ids[:start]),
+            _Answer(
+                tuple(t.input_ids[start:end]),
+                logprobs,
+                tuple(t.versions[start:end]),
+                record.is_truncated if end == n else False,
+            ),
+        )
         start = end
 
 
@@ -88,7 +124,7 @@ class ReplayEngine:
         tokenizer: attached to responses, and used to show a mismatching prompt.
     """
 
-    def __init__(self, records: Iterable[DumpRecord], *, tokenizer: object = None) -> None:
+    def __init__(self, records: Iterable[ReplayRecord], *, tokenizer: object = None) -> None:
         self.tokenizer = tokenizer
         self._answers: dict[TaskKey, dict[tuple[int, ...], collections.deque[_Answer]]] = {}
         self._rows: collections.Counter[TaskKey] = collections.Counter()
@@ -108,11 +144,19 @@ class ReplayEngine:
         self._resumed.set()
 
     @classmethod
-    def from_dump(cls, path: str | os.PathLike[str], *, tokenizer: object = None) -> ReplayEngine:
-        """An engine replaying every record of the dump at ``path``."""
-        from ..executor._dump import read_dump  # executor -> engines is the import direction
+    def from_dump(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        read: Callable[[str | os.PathLike[str]], Iterable[ReplayRecord]],
+        tokenizer: object = None,
+    ) -> ReplayEngine:
+        """An engine replaying every record of the dump at ``path``, read by ``read``
+        (``rollout_trio.read_dump``: engines never import the executor, which owns dumps).
 
-        return cls(read_dump(path), tokenizer=tokenizer)
+        Example: ``ReplayEngine.from_dump("runs/run/seed0", read=rollout_trio.read_dump)``.
+        """
+        return cls(read(path), tokenizer=tokenizer)
 
     @property
     def tasks(self) -> list[TaskKey]:

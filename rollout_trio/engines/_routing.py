@@ -5,7 +5,10 @@
 * A request id that was routed before goes to the same server while that server is up
   (so it can reuse its prefix cache); the rid -> server map is a bounded FIFO cache.
 * A server that fails to connect is marked down: traffic moves to the others until a
-  health probe marks it up again. When every server is down, all of them are tried.
+  health probe marks it up again. When every server is down, all of them are tried,
+  except those *barred* (they disagreed on the weight version: no request goes to them
+  until they are brought back); with every server barred, choosing raises
+  :class:`~rollout_trio.ServerUnavailableError`.
 
 :func:`parse_worker_list` reads a router's worker listing (sglang-router ``GET /workers``,
 or the older ``GET /list_workers``).
@@ -20,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import EngineProtocolError, EngineError
+from .._errors import EngineError, EngineProtocolError, ServerUnavailableError
 
 __all__ = ["Router", "Server", "normalize_address", "parse_worker_list", "worker_url"]
 
@@ -114,6 +117,8 @@ class Server:
         worker_id: the id a router knows it by (router mode), if any.
         left: the router stopped listing it (router mode): it is no longer part of the
             engine's fleet and is never brought back into service.
+        barred: out of service because it disagreed on the weight version (never tried
+            until brought back, not even when every other server is down).
     """
 
     def __init__(self, base_url: str, backend: Any) -> None:
@@ -126,6 +131,7 @@ class Server:
         self.error: EngineError | None = None
         self.worker_id: str | None = None
         self.left = False
+        self.barred = False
 
     def __repr__(self) -> str:
         return f"Server({self.base_url!r}, up={self.up}, in_flight={self.in_flight})"
@@ -198,8 +204,8 @@ class Router:
                 return first
         rules: tuple[Callable[[Server], bool], ...] = (
             lambda s: s.up and s not in exclude,
-            lambda s: s not in exclude,
-            lambda s: True,
+            lambda s: not s.barred and s not in exclude,
+            lambda s: not s.barred,
         )
         for usable in rules:
             rule = usable
@@ -211,7 +217,11 @@ class Router:
             server = self._walk(rule)
             if server is not None:
                 return server
-        raise AssertionError("unreachable: the last rule accepts every server")  # pragma: no cover
+        raise ServerUnavailableError(
+            "no server to send the request to: every server is out of service for disagreeing on the "
+            "weight version (each comes back once it holds the fleet's version)",
+            server=", ".join(s.base_url for s in self.servers),
+        )
 
     def _walk(self, rule: Callable[[Server], bool]) -> Server | None:
         """The first server from the round-robin cursor that ``rule`` accepts (the cursor
@@ -241,3 +251,4 @@ class Router:
         """Route to ``server`` again."""
         server.up = True
         server.failures = 0
+        server.barred = False

@@ -115,11 +115,8 @@ class SGLangBackend:
             logprobs.append(logprob(entry[0], f"{what}[0]"))
         server_version = None
         wv = meta.get("weight_version")
-        if wv is not None:
-            try:
-                server_version = parse_version(wv, f"{where}: meta_info.weight_version")
-            except EngineProtocolError:
-                server_version = None  # a non-integer label set by someone else: not ours to check
+        if wv is not None:  # a bad label is the server's disagreement (VersionLabelError): the engine takes it out
+            server_version = parse_version(wv, f"{where}: meta_info.weight_version")
         return Segment(
             tokens=tokens, logprobs=logprobs, stop_reason=_STOPS[kind], server_version=server_version, message=message
         )
@@ -145,6 +142,15 @@ class SGLangBackend:
                 {"model_path": path, "abort_all_requests": True, "weight_version": str(version)},
             )
         ]
+
+    def label(self, version: int) -> list[HttpCall]:
+        """Label the weights the server holds ``str(version)`` (loads nothing)."""
+        return [HttpCall("POST", "/update_weight_version", {"new_version": str(version), "abort_all_requests": False})]
+
+    @property
+    def can_reload(self) -> bool:
+        """Whether this engine can load a checkpoint into the server over HTTP."""
+        return True
 
     def health(self) -> HttpCall:
         """The health check."""

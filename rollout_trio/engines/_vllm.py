@@ -181,8 +181,11 @@ class VLLMBackend:
         calls = []
         if reload_path is not None:
             calls.append(HttpCall("POST", reload_path, {"model_path": path}))
-        calls.append(HttpCall("POST", "/update_weight_version", {"new_version": str(version)}))
-        return calls
+        return [*calls, *self.label(version)]
+
+    def label(self, version: int) -> list[HttpCall]:
+        """Label the weights the server holds ``str(version)`` (loads nothing)."""
+        return [HttpCall("POST", "/update_weight_version", {"new_version": str(version)})]
 
     def health(self) -> HttpCall:
         """The health check."""

@@ -1,8 +1,8 @@
 """``rollout-trio fleet --ray ADDRESS``: the fleet's workers placed by Ray instead of on this machine.
 
 Prints the lines the local fleet prints (``worker i: URL (node IP)``, then ``router: URL
-(N workers, metrics URL)``), writes the fleet's api key to ``--key-file`` (mode 0600; the
-trainers read it from there or from ``ROLLOUT_TRIO_API_KEY``), logs each loss and
+(N workers, metrics URL)``), gives every server and the router the fleet's api key (the
+fleet command chose it and wrote it to ``--key-file``, mode 0600), logs each loss and
 replacement, and on Ctrl-C (130) or SIGTERM (0) stops the router, the servers and their
 processes on every node before it says what it stopped.
 """
@@ -10,10 +10,8 @@ processes on every node before it says what it stopped.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import tempfile
 
 import trio
 
@@ -24,18 +22,6 @@ from ._process import RayFleetError
 __all__ = ["serve_ray_fleet"]
 
 _PROG = "rollout-trio fleet"
-
-
-def _default_key_file() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return os.path.join(base, f"rollout-trio-fleet-{os.getpid()}.key")
-
-
-def _write_key(path: str, key: str | None) -> None:
-    """The key, readable by this user only (created 0600, never widened)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write((key or "") + "\n")
 
 
 def _router_options(args: argparse.Namespace) -> list[str]:
@@ -67,19 +53,18 @@ async def _run(args: argparse.Namespace, worker_options: list[str]) -> int:
                     num_cpus=args.ray_num_cpus,
                     num_gpus=args.ray_num_gpus,
                     router_options=_router_options(args),
-                    api_key=os.environ.get("ROLLOUT_TRIO_API_KEY") or None,
+                    api_key=args.key or "",  # chosen (and written, 0600) by the fleet command
                     address=args.ray,
                     startup_timeout=args.startup_timeout,
                     stop_timeout=args.stop_timeout,
                 ) as fleet:
                     started = len(fleet.servers)
-                    key_file = args.key_file or _default_key_file()
-                    _write_key(key_file, fleet.api_key)
+                    where = f"api key in {args.key_file}" if fleet.api_key else "no api key"
                     for s in fleet.servers:
                         print(f"worker {s.index}: {s.url} (node {s.node_ip}, pid {s.pid})", flush=True)
                     print(
                         f"router: {fleet.router_url} ({len(fleet.servers)} workers, metrics {fleet.metrics_url}, "
-                        f"api key in {key_file})",
+                        f"{where})",
                         flush=True,
                     )
                     print(f"{_PROG}: ready on Ray; Ctrl-C stops the router and the workers", file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ from .._config import GenerationConfig
 from .._errors import WorkflowContractError
 from .._http import TypeRule, strict_converter
 from .._validate import int_list, is_int, only_type, rule
+from ..engines._version_policy import parse_version_label
 
 __all__ = [
     "AbortBody",
@@ -56,6 +57,23 @@ def _non_empty_str(text: str, most: int) -> Any:
 
 def _optional_str(most: int) -> Any:
     return rule(f"null or a string of at most {most} characters", lambda v: v is None or len(v) <= most)
+
+
+def _is_label(v: Any) -> bool:
+    try:
+        parse_version_label(v, "label")
+    except ValueError:
+        return False
+    return True
+
+
+#: A weight-version label: the engine's rules (rollout_trio.engines._version_policy).
+_LABEL_RULE = "'default' or a canonical decimal integer in [0, 2**63 - 1] (ASCII digits, no sign, no leading zero, no space, no '_')"
+
+
+def _label(optional: bool) -> Any:
+    text = ("null or " if optional else "") + _LABEL_RULE
+    return rule(text, lambda v: (optional and v is None) or (isinstance(v, str) and _is_label(v)))
 
 
 def _ids(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -168,7 +186,7 @@ class UpdateFromDiskBody:
     """``POST /update_weights_from_disk``."""
 
     model_path: str = attrs.field(validator=_non_empty_str("a non-empty string", MAX_PATH_CHARS))
-    weight_version: str | None = attrs.field(default=None, validator=_optional_str(MAX_LABEL_CHARS))
+    weight_version: str | None = attrs.field(default=None, validator=_label(optional=True))
     abort_all_requests: bool = False
     load_format: str | None = attrs.field(default=None, validator=_optional_str(MAX_LABEL_CHARS))
     flush_cache: bool = True
@@ -178,7 +196,7 @@ class UpdateFromDiskBody:
 class UpdateVersionBody:
     """``POST /update_weight_version``."""
 
-    new_version: str = attrs.field(validator=_non_empty_str("a non-empty string", MAX_LABEL_CHARS))
+    new_version: str = attrs.field(validator=_label(optional=False))
     abort_all_requests: bool = False
 
 

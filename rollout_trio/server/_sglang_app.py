@@ -32,6 +32,7 @@ from .._errors import EngineError, UnsupportedRequestError, WorkflowContractErro
 from .._images import DEFAULT_MAX_IMAGE_PIXELS, decode_images
 from .._io import ModelRequest
 from ..engines._protocol import InferenceEngine
+from ..engines._version_policy import parse_version_label
 from ._schema import (
     AbortBody,
     BadRequest,
@@ -295,12 +296,8 @@ class SGLangApp:
         return Reply(200, {"success": True, "new_version": label})
 
     def _version_for(self, label: str) -> int:
-        if label == "default":
-            return 0
-        try:
-            return int(label)
-        except ValueError:
-            return self.engine.get_version() + 1
+        """The engine version of a label the body schema checked (canonical int64 or 'default')."""
+        return parse_version_label(label, "weight_version")
 
     # ------------------------------------------------------------------ generation
 
