@@ -278,7 +278,7 @@ async def test_a_second_dump_into_one_directory_warns_and_appends(tmp_path, capl
 async def test_entering_a_dumper_counts_a_large_dump_only_up_to_a_cap(tmp_path, caplog, monkeypatch):
     """The warning's count stops at the cap (shown as N+): entering a dumper never walks a
     whole large dump."""
-    from rollout_trio.executor import _dump
+    from rollout_trio.executor import _dump_writer as _dump
 
     monkeypatch.setattr(_dump, "_COUNT_AT_MOST", 5)
     for version in range(3):
