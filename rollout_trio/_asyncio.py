@@ -74,6 +74,15 @@ def on_asyncio(obj: T) -> T:
 
     A plain ``async def`` workflow or a class with ``arun_episode`` runs on Trio unless
     marked with this. Agents need no mark: they run on asyncio already.
+
+    Args:
+        obj: the workflow function, workflow or agent class, or object to mark.
+
+    Returns:
+        ``obj`` itself (so that it works as a decorator).
+
+    Raises:
+        AttributeError: ``obj`` takes no attributes (a built-in or ``__slots__`` object).
     """
     setattr(obj, HOST_ATTRIBUTE, "asyncio")
     return obj
@@ -84,6 +93,15 @@ def on_trio(obj: T) -> T:
 
     Agents (objects with ``async def run``) run on asyncio unless marked with this. Use it
     for an agent that awaits Trio primitives (``trio.sleep``, nurseries).
+
+    Args:
+        obj: the agent class or object to mark.
+
+    Returns:
+        ``obj`` itself (so that it works as a decorator).
+
+    Raises:
+        AttributeError: ``obj`` takes no attributes (a built-in or ``__slots__`` object).
     """
     setattr(obj, HOST_ATTRIBUTE, "trio")
     return obj
@@ -376,7 +394,20 @@ async def asyncio_portal() -> AsyncIterator[AsyncioPortal]:
 
 
 async def run_asyncio(async_fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-    """Run an asyncio coroutine function from Trio (see :meth:`AsyncioPortal.run`)."""
+    """Run an asyncio coroutine function from Trio (see :meth:`AsyncioPortal.run`).
+
+    Args:
+        async_fn: the coroutine function, written for asyncio.
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        What the coroutine returns.
+
+    Raises:
+        Exception: what the coroutine raises.
+        AsyncioTaskCancelled: the task was cancelled from the asyncio side.
+    """
     async with asyncio_portal() as portal:
         return await portal.run(async_fn, *args, **kwargs)
 

@@ -70,6 +70,12 @@ class AsyncioHostedWorkflow(RolloutWorkflow):
     (``agenerate``) are served by the engine in Trio, in the episode's task, so cancelling
     the episode cancels the asyncio task and aborts its generations. What
     :func:`resolve_workflow` wraps a workflow marked :func:`~rollout_trio.on_asyncio` in.
+
+    Args:
+        workflow: the workflow written for asyncio (its ``arun_episode`` is asyncio code).
+
+    Raises:
+        Nothing at construction; the episode raises what the workflow raises.
     """
 
     def __init__(self, workflow: RolloutWorkflow) -> None:
