@@ -11,15 +11,15 @@ from ._dump import DumpRecord as DumpRecord
 from ._dump import TrajectoryDumper as TrajectoryDumper
 from ._dump import read_dump as read_dump
 from ._executor import ExecutorFailed as ExecutorFailed
-from ._liveness import ExecutorStalled as ExecutorStalled
-from ._statistics import ExecutorStatistics as ExecutorStatistics
 from ._executor import RolloutExecutor as RolloutExecutor
 from ._executor import TaskOutcome as TaskOutcome
 from ._executor import open_executor as open_executor
+from ._liveness import ExecutorStalled as ExecutorStalled
 from ._observer import ExecutorObserver as ExecutorObserver
 from ._staleness import RolloutStat as RolloutStat
-from ._stream import RolloutStream as RolloutStream
 from ._staleness import StalenessManager as StalenessManager
+from ._statistics import ExecutorStatistics as ExecutorStatistics
+from ._stream import RolloutStream as RolloutStream
 from ._sync import SyncRolloutExecutor as SyncRolloutExecutor
 
 _fixup_module_metadata(__name__, globals())

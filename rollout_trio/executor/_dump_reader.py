@@ -9,10 +9,12 @@ import os
 import re
 import stat
 from collections.abc import Container, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .._limits import MAX_DUMP_LINE_BYTES
+from ._dump_images import MAX_IMAGE_FILE_BYTES, load_images, sidecar_name_ok
 from ._dump_records import SCOPES, DumpRecord, DumpSegment, DumpTokens
 
 #: The longest dump line :func:`read_dump` reads, in bytes (about 1M tokens with their texts).
@@ -121,19 +123,69 @@ def _tokens(value: Any) -> DumpTokens | None:
         return None
     tokens = _object(value, "tokens")
     logprobs = tokens.get("logprobs")
+    types = tokens.get("mm_token_type_ids")
     return DumpTokens(
         input_ids=_ints(_get(tokens, "input_ids"), "tokens.input_ids"),
         loss_mask=_ints(_get(tokens, "loss_mask"), "tokens.loss_mask"),
         logprobs=None if logprobs is None else _floats(logprobs, "tokens.logprobs"),
         versions=_ints(_get(tokens, "versions"), "tokens.versions"),
+        mm_token_type_ids=None if types is None else _ints(types, "tokens.mm_token_type_ids"),
     )
 
 
-def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
-    """``obj`` (a parsed line) as a record; every value must have its field's JSON type."""
+def _image_ref(value: Any) -> tuple[str, int] | None:
+    """A line's ``multi_modal_input`` reference: ``(file name, index)``."""
+    if value is None:
+        return None
+    ref = _object(value, "multi_modal_input")
+    name = _str(_get(ref, "file"), "multi_modal_input.file")
+    if not sidecar_name_ok(name):
+        raise _broken("multi_modal_input.file", "an image file name of this dump ({task_id}.mm-{digest}.safetensors)", name)
+    index = _int(_get(ref, "index"), "multi_modal_input.index")
+    if index < 0:
+        raise _broken("multi_modal_input.index", ">= 0", index)
+    return name, index
+
+
+class _Images:
+    """The image files of one dump directory, each loaded once (a group's rows share one)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.loaded: dict[tuple[Path, str], dict[int, dict[str, Any]]] = {}
+
+    def get(self, directory: Path, ref: tuple[str, int], tokens: DumpTokens | None) -> dict[str, Any]:
+        """Row ``ref``'s tensors, checked against its placeholder runs (``mm_token_type_ids``)."""
+        from .._images import check_multi_modal_input, placeholder_runs
+
+        name, index = ref
+        key = (directory, name)
+        if key not in self.loaded:
+            if len(self.loaded) >= 8:  # a dump read in order needs one file at a time
+                self.loaded.pop(next(iter(self.loaded)))
+            self.loaded[key] = load_images(directory, name, max_bytes=self.max_bytes)
+        item = self.loaded[key].get(index)
+        if item is None:
+            raise _Rule(f"multi_modal_input.index: {index} is not in {name} (it holds {sorted(self.loaded[key])})")
+        runs = None
+        if tokens is not None and tokens.mm_token_type_ids is not None:
+            runs = placeholder_runs(tokens.mm_token_type_ids, 1)
+        try:
+            check_multi_modal_input(item, where=f"{name}[{index}]", n_images=None if runs is None else len(runs), runs=runs)
+        except ValueError as exc:
+            raise _Rule(str(exc)) from None
+        return item
+
+
+def _record(obj: Any, version: int, is_eval: bool, images: Any = None) -> DumpRecord:
+    """``obj`` (a parsed line) as a record; every value must have its field's JSON type.
+
+    ``images(ref, tokens)`` loads the row's image tensors (None: references are checked, not loaded)."""
     obj = _object(obj, "the line")
     truncated = obj.get("is_truncated")
     original = obj.get("original_reward")
+    tokens = _tokens(obj.get("tokens"))
+    ref = _image_ref(obj.get("multi_modal_input"))
     return DumpRecord(
         task_id=_int(_get(obj, "task_id"), "task_id"),
         sample_idx=_int(_get(obj, "sample_idx"), "sample_idx"),
@@ -148,8 +200,9 @@ def _record(obj: Any, version: int, is_eval: bool) -> DumpRecord:
         segments=_segments(obj.get("segments")),
         original_reward=None if original is None else _float(original, "original_reward"),
         accepted=_bool(obj.get("accepted", True), "accepted"),
-        tokens=_tokens(obj.get("tokens")),
+        tokens=tokens,
         is_truncated=None if truncated is None else _bool(truncated, "is_truncated"),
+        multi_modal_input=None if ref is None or images is None else images(ref, tokens),
         version=version,
         is_eval=is_eval,
     )
@@ -163,7 +216,9 @@ def _dump_file_key(path: Path) -> tuple[bool, int, int] | None:
     return SCOPES[scope], int(version), int(task)
 
 
-def read_dump(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES) -> list[DumpRecord]:
+def read_dump(
+    path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES, max_image_bytes: int = MAX_IMAGE_FILE_BYTES
+) -> list[DumpRecord]:
     """Load a dump (a directory at any level of the layout, or one ``.jsonl`` file) into records.
 
     Records come ordered by scope (training first), version, task id, then line order.
@@ -173,6 +228,8 @@ def read_dump(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BY
     Args:
         path: a dump directory (any level of the layout) or one ``.jsonl`` file.
         max_line_bytes: the longest line accepted, in bytes.
+        max_image_bytes: the largest image file (a group's ``multi_modal_input``
+            tensors, in safetensors) read, in bytes.
 
     Returns:
         The records, as :class:`DumpRecord` objects.
@@ -182,7 +239,7 @@ def read_dump(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BY
         ValueError: naming the file and line, for a line that is not a dump record; naming
             the file, for a dump file that is not a regular file (a FIFO, a directory).
     """
-    return list(iter_dump(path, max_line_bytes=max_line_bytes))
+    return list(iter_dump(path, max_line_bytes=max_line_bytes, max_image_bytes=max_image_bytes))
 
 
 def iter_dump(
@@ -191,6 +248,7 @@ def iter_dump(
     light: bool = False,
     only: Container[int] | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    max_image_bytes: int = MAX_IMAGE_FILE_BYTES,
 ) -> Iterator[DumpRecord]:
     """:func:`read_dump`, one record at a time, for dumps too big to hold.
 
@@ -215,7 +273,9 @@ def iter_dump(
         keyed = sorted((key, f) for key, f in found if key is not None)
     else:
         raise ValueError(f"{root}: not a regular file or a directory; expected a dump directory or a .jsonl file")
-    return _iter_records(keyed, light, only, max_line_bytes)
+    if type(max_image_bytes) is not int or max_image_bytes < 1:
+        raise ValueError(f"max_image_bytes: must be an integer >= 1, got {max_image_bytes!r}")
+    return _iter_records(keyed, light, only, max_line_bytes, None if light else _Images(max_image_bytes))
 
 
 def _open_regular(file: Path) -> Any:
@@ -232,7 +292,11 @@ def _open_regular(file: Path) -> Any:
 
 
 def _iter_records(
-    keyed: list[tuple[tuple[bool, int, int], Path]], light: bool, only: Container[int] | None, max_line_bytes: int
+    keyed: list[tuple[tuple[bool, int, int], Path]],
+    light: bool,
+    only: Container[int] | None,
+    max_line_bytes: int,
+    images: _Images | None,
 ) -> Iterator[DumpRecord]:
     index = -1
     for (is_eval, version, _), file in keyed:
@@ -253,7 +317,8 @@ def _iter_records(
                     obj = json.loads(line)
                     if light and isinstance(obj, dict):
                         obj.update(prompt="", completion="", tokens=None, segments=None)
-                    record = _record(obj, version, is_eval)
+                    load = None if images is None else partial(images.get, file.parent)
+                    record = _record(obj, version, is_eval, load)
                 except (ValueError, RecursionError, OverflowError) as exc:  # UnicodeDecodeError is a ValueError
                     detail = str(exc) if isinstance(exc, _Rule) else f"{type(exc).__name__}: {exc}"
                     raise ValueError(f"{file}:{lineno}: not a dump record: {detail}") from None

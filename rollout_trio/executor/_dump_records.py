@@ -43,6 +43,7 @@ class DumpTokens:
     loss_mask: tuple[int, ...]
     logprobs: tuple[float, ...] | None
     versions: tuple[int, ...]
+    mm_token_type_ids: tuple[int, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -69,6 +70,7 @@ class DumpRecord:
     accepted: bool = True
     tokens: DumpTokens | None = None
     is_truncated: bool | None = None
+    multi_modal_input: dict[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
     version: int
     is_eval: bool
 
@@ -98,7 +100,18 @@ class DumpRecord:
             rewards=torch.tensor([self.reward], dtype=torch.float32),
             original_rewards=None if self.original_reward is None else torch.tensor([self.original_reward], dtype=torch.float32),
             is_truncated=None if self.is_truncated is None else torch.tensor([self.is_truncated]),
+            extras=self._vision_extras(),
         )
+
+    def _vision_extras(self) -> dict[str, Any]:
+        import torch
+
+        if self.multi_modal_input is None:
+            return {}
+        extras: dict[str, Any] = {"multi_modal_input": [self.multi_modal_input]}
+        if self.tokens is not None and self.tokens.mm_token_type_ids is not None:
+            extras["mm_token_type_ids"] = torch.tensor([list(self.tokens.mm_token_type_ids)], dtype=torch.int64)
+        return extras
 
 
 # ---------------------------------------------------------------------------- pure helpers
@@ -170,6 +183,17 @@ def _as_trajectory(traj: Trajectory | Mapping[str, Any]) -> Trajectory:
     return traj if isinstance(traj, Trajectory) else Trajectory.from_dict(traj)
 
 
+@attrs.frozen
+class DumpLines:
+    """What one trajectory dumps: its version directory, its lines, and its image file
+    (``image_name`` and ``image_bytes``, both None for a text-only trajectory)."""
+
+    tail: int
+    lines: list[str]
+    image_name: str | None = None
+    image_bytes: bytes | None = None
+
+
 def trajectory_lines(
     traj: Trajectory | Mapping[str, Any],
     *,
@@ -178,7 +202,24 @@ def trajectory_lines(
     accepted: bool = True,
     version: int | None = None,
 ) -> tuple[int, list[str]]:
-    """The version directory and the JSONL lines (each ending in a newline) of one trajectory.
+    """The version directory and the JSONL lines of one trajectory (see :func:`trajectory_dump`)."""
+    out = trajectory_dump(traj, task_id=task_id, tokenizer=tokenizer, accepted=accepted, version=version)
+    return out.tail, out.lines
+
+
+def trajectory_dump(
+    traj: Trajectory | Mapping[str, Any],
+    *,
+    task_id: int,
+    tokenizer: Any,
+    accepted: bool = True,
+    version: int | None = None,
+) -> DumpLines:
+    """The version directory, the JSONL lines (each ending in a newline) and the image file of one trajectory.
+
+    Vision rows (``multi_modal_input``) name the image file and their index in it; the
+    file holds each distinct dict of the trajectory once (a group's shared preprocessing
+    once, whatever its size). ``mm_token_type_ids`` goes in the row's ``tokens``.
 
     Rows with no attended token, or whose last attended token was not generated, are
     skipped (their ``sample_idx`` leaves a gap). Raises ``ValueError`` when a required
@@ -199,6 +240,15 @@ def trajectory_lines(
     originals = None if t.original_rewards is None else t.original_rewards.tolist()
     truncated = None if t.is_truncated is None else t.is_truncated.tolist()
     logprob_rows = None if t.logprobs is None else t.logprobs.tolist()
+    mm_rows = t.extras.get("multi_modal_input")
+    image_name = image_bytes = None
+    image_index: list[int | None] = []
+    if isinstance(mm_rows, list) and any(item is not None for item in mm_rows):
+        from ._dump_images import images_payload
+
+        image_name, image_bytes, image_index = images_payload(task_id, mm_rows)
+    types = t.extras.get("mm_token_type_ids")
+    type_rows = types.tolist() if types is not None and hasattr(types, "tolist") else None
     if t.versions is not None:
         version_rows = t.versions.tolist()
         global_tail = int(t.versions.max())
@@ -252,10 +302,14 @@ def trajectory_lines(
             "logprobs": None if logprob_rows is None else logprob_rows[i][:seqlen],
             "versions": versions,
         }
+        if type_rows is not None:
+            record["tokens"]["mm_token_type_ids"] = type_rows[i][:seqlen]
         if truncated is not None:
             record["is_truncated"] = truncated[i]
+        if image_index and image_index[i] is not None:
+            record["multi_modal_input"] = {"file": image_name, "index": image_index[i]}
         lines.append(json.dumps(record) + "\n")
-    return global_tail, lines
+    return DumpLines(global_tail, lines, image_name, image_bytes)
 
 
 def validate_name(field: str, value: Any) -> str:

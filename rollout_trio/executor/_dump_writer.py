@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from .._trajectory import Trajectory
-from ._dump_records import trajectory_lines, validate_name
+from ._dump_records import trajectory_dump, validate_name
 
 try:
     import fcntl
@@ -268,15 +268,23 @@ class TrajectoryDumper:
         self, traj: Trajectory | Mapping[str, Any], task_id: int, is_eval: bool, accepted: bool, version: int | None
     ) -> tuple[bool, int]:
         try:
-            tail, lines = trajectory_lines(traj, task_id=task_id, tokenizer=self.tokenizer, accepted=accepted, version=version)
+            out = trajectory_dump(traj, task_id=task_id, tokenizer=self.tokenizer, accepted=accepted, version=version)
         except Exception as exc:  # a bad trajectory must not take the run down with it
             logger.warning("trajectory dump of task %d failed: %s", task_id, exc)
             return False, 0
+        tail, lines = out.tail, out.lines
         if not lines:
             return True, 0
         path = self.path_for(task_id=task_id, version=tail, is_eval=is_eval)
         scope = "eval-rollout" if is_eval else "rollout"
-        written, error = self._append((*self._names, scope, str(tail)), f"{task_id}.jsonl", lines)
+        directories = (*self._names, scope, str(tail))
+        if out.image_name is not None and out.image_bytes is not None:
+            # The image file first: a line never names a file that is not (yet) there.
+            error = self._write_whole(directories, out.image_name, out.image_bytes)
+            if error is not None:
+                logger.warning("trajectory dump of task %d: image file %s failed: %s", task_id, out.image_name, error)
+                return False, 0
+        written, error = self._append(directories, f"{task_id}.jsonl", lines)
         if error is not None:
             logger.warning("trajectory dump of task %d to %s failed: %s", task_id, path, error)
         return error is None, written
@@ -289,17 +297,52 @@ class TrajectoryDumper:
                 self._root_fd = os.open(self._root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
             return self._root_fd
 
+    def _open_parents(self, directories: tuple[str, ...], opened: list[int]) -> tuple[int, str]:
+        parent = self._root_descriptor()
+        where = self._root
+        for part in directories:
+            where = os.path.join(where, part)
+            parent = _open_dir(parent, part, where)
+            opened.append(parent)
+        return parent, where
+
+    def _write_whole(self, directories: tuple[str, ...], name: str, data: bytes) -> OSError | None:
+        """``data`` as the file ``name`` under ``directories``, made whole or not at all
+        (a temporary file renamed into place); a file of that name already there is kept:
+        names are content digests."""
+        opened: list[int] = []
+        try:
+            parent, where = self._open_parents(directories, opened)
+            try:
+                os.stat(name, dir_fd=parent, follow_symlinks=False)
+                return None
+            except FileNotFoundError:
+                pass
+            tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=parent)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                os.close(fd)
+                os.unlink(tmp, dir_fd=parent)
+                raise
+            os.close(fd)
+            os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except OSError as exc:
+            return exc
+        finally:
+            for directory in opened:
+                os.close(directory)
+        return None
+
     def _append(self, directories: tuple[str, ...], name: str, lines: list[str]) -> tuple[int, OSError | None]:
         """Lines written to ``name`` under ``directories``, and the error that stopped the rest."""
         written = 0
         opened: list[int] = []
         try:
-            parent = self._root_descriptor()
-            where = self._root
-            for part in directories:
-                where = os.path.join(where, part)
-                parent = _open_dir(parent, part, where)
-                opened.append(parent)
+            parent, where = self._open_parents(directories, opened)
             fd = _open_file(parent, name, os.path.join(where, name))
             try:
                 with self._locks[hash((directories, name)) % _STRIPES]:

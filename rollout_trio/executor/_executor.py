@@ -42,8 +42,8 @@ from .._errors import RolloutError
 from .._group import GroupedRolloutWorkflow
 from .._stats import StatsRecorder
 from .._workflow import RolloutWorkflow, resolve_workflow
-from ._config import RolloutConfig
 from ._admission import Admission
+from ._config import RolloutConfig
 from ._consumers import ConsumerCalls
 from ._control import Control
 from ._episode import EpisodeRunner
