@@ -108,11 +108,11 @@ def test_a_pixel_budget_and_a_text_only_server_refuse_images() -> None:
     trio.run(main)
 
 
-def test_wire_bodies_sglang_image_data_and_vllm_refuses() -> None:
+def test_wire_bodies_sglang_image_data_and_vllm_needs_chat_messages() -> None:
     call = SGLangBackend().generate([1, 2], GREEDY, max_new=3, min_new=0, rid="x", image_data=["AAAA"])
     assert call.json["image_data"] == ["AAAA"]
     assert "image_data" not in SGLangBackend().generate([1, 2], GREEDY, max_new=3, min_new=0, rid="x").json
-    with pytest.raises(UnsupportedRequestError, match="image_data"):
+    with pytest.raises(UnsupportedRequestError, match="vision_msg_vllm"):  # images travel in chat messages only
         VLLMBackend().generate([1, 2], GREEDY, max_new=3, min_new=0, rid="x", image_data=["AAAA"])
 
 

@@ -91,6 +91,7 @@ class Segments:
         versions: list[int] = []
         stop = "abort"
         empty_aborts = 0
+        restarts = bool(req.image_data) and shared.backend_name == "vllm"
         while stop not in _FINAL and len(tokens) < budget:
             remaining = budget - len(tokens)
             min_new = min(remaining, max(0, g.min_new_tokens - len(tokens)))
@@ -100,6 +101,11 @@ class Segments:
                 raise EngineProtocolError(
                     f"{shared.backend_name}: a segment returned {len(seg.tokens)} tokens for a budget of {remaining}"
                 )
+            if restarts and seg.stop_reason == "abort":
+                # A chat call (vLLM images) cannot continue a partial answer: generate it
+                # again from the start rather than append a second answer to the first.
+                seg = type(seg)(tokens=[], logprobs=[], stop_reason="abort", message=seg.message)
+                seg_versions = []
             tokens += seg.tokens
             logprobs += seg.logprobs
             versions += seg_versions
@@ -180,8 +186,9 @@ class Segments:
             server = members.router.choose(req.rid, tried)
             server.backend.check(req.gconfig)
             srid = f"{req.rid}-{next(shared.ids)}"
+            extra = {"messages": req.vision_msg_vllm} if images and server.backend.name == "vllm" else {}
             call = server.backend.generate(
-                ids, req.gconfig, max_new=max_new, min_new=min_new, rid=srid, seed=seed, image_data=images
+                ids, req.gconfig, max_new=max_new, min_new=min_new, rid=srid, seed=seed, image_data=images, **extra
             )
             try:
                 with members.router.track(server):
@@ -204,6 +211,8 @@ class Segments:
             except VersionLabelError as exc:
                 await (self.audit() if routed else self.bar(server, str(exc)))
                 raise self._dropped(server, str(exc), tried) from exc
+            if seg.prompt_tokens is not None and seg.prompt_tokens != ids:
+                raise EngineProtocolError(_prompt_mismatch(server.base_url, ids, seg.prompt_tokens))
             why = self._judge(seg, floor)
             if why is not None:
                 if routed or self._ahead(seg):
@@ -266,3 +275,12 @@ class Segments:
             )
         except EngineError as exc:
             log.warning("abort of %s on %s failed: %s", srid, server.base_url, exc)
+
+
+def _prompt_mismatch(where: str, sent: list[int], got: list[int]) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(sent, got)) if a != b), min(len(sent), len(got)))
+    return (
+        f"{where}: the server tokenized the chat messages into {len(got)} prompt tokens that differ from the "
+        f"request's {len(sent)} input_ids from position {at} (its chat template or processor is not the "
+        "workflow's); the answer's tokens would not follow the prompt the trainer sees"
+    )

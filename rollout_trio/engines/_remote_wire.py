@@ -51,7 +51,8 @@ class Segment:
     ``versions`` holds one int per token when the server reports per-token weight
     versions (vLLM ``weight_versions``), else ``None``. ``server_version`` is a single
     version the server reported for the whole answer (SGLang ``meta_info.weight_version``),
-    or ``None``.
+    or ``None``. ``prompt_tokens`` is the server's own tokenization of a prompt it was sent
+    as chat messages (vLLM images), when it reports it.
     """
 
     tokens: list[int]
@@ -60,6 +61,7 @@ class Segment:
     versions: list[int] | None = None
     server_version: int | None = None
     message: str = ""
+    prompt_tokens: list[int] | None = None
 
 
 def sampling_fields(gconfig: GenerationConfig, *, top_k_off: int) -> dict[str, Any]:

@@ -11,6 +11,16 @@ Two generation endpoints, chosen per server at start (see ``RemoteEngine``):
   ``return_tokens_as_token_ids`` (older servers). Tokens come back as ``"token_id:N"``
   strings; there is no abort endpoint, so an abort is closing the connection.
 
+Images: vLLM's token-in APIs take none; a vision request goes, as AReaL sends it, to
+``POST /v1/chat/completions`` with the request's chat messages (``vision_msg_vllm``) whose
+``image_url`` parts carry the request's images as ``data:`` URLs, ``logprobs: true`` and
+``return_tokens_as_token_ids``. The server applies its own chat template, so the answer's
+``prompt_token_ids`` (``return_token_ids``, vLLM >= 0.10.2) are checked against the
+request's ``input_ids``: a prompt the server tokenized otherwise would misalign every
+token the trainer sees, and is an error naming the first position that differs. Chat
+messages cannot continue a partial answer, so an aborted vision answer is generated again
+from the start (see ``Segments``).
+
 Logprobs: vLLM reports what ``--logprobs-mode`` says (``raw_logprobs`` by default, before
 temperature); run the server with ``--logprobs-mode processed_logprobs`` to get the
 trainer's ``log_softmax(logits / T)``. With top-k or top-p active, the processed logprobs
@@ -35,11 +45,12 @@ from ._remote_wire import (
     sampling_fields,
 )
 
-__all__ = ["TITO_PATH", "VLLMBackend", "parse_weight_versions", "server_request_id"]
+__all__ = ["CHAT_PATH", "TITO_PATH", "VLLMBackend", "parse_chat", "parse_weight_versions", "server_request_id"]
 
 TITO_PATH = "/inference/v1/generate"
 TITO_ABORT_PATH = "/inference/v1/abort_requests"
 COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
 
 # "repetition" (vLLM's repetition detection) ends generation like a stop condition.
 _STOPS: dict[str, SegmentStop] = {
@@ -133,19 +144,21 @@ class VLLMBackend:
         rid: str,
         seed: int | None = None,
         image_data: list[str] | None = None,
+        messages: list[Any] | None = None,
     ) -> HttpCall:
         """The generation call for one segment (``seed``: see :func:`sampling_params`).
 
+        With ``image_data`` (base64 images, in placeholder order) it is a chat call of
+        ``messages`` (AReaL's ``vision_msg_vllm``) with the images in its ``image_url``
+        parts (see the module's docstring).
+
         Raises:
-            UnsupportedRequestError: ``image_data`` given (vLLM takes images only in chat
-                messages, which carry no token ids; serve a VLM with SGLang).
+            UnsupportedRequestError: ``image_data`` without ``messages``, or messages whose
+                ``image_url`` parts are not as many as the images.
         """
-        if image_data:
-            raise UnsupportedRequestError(
-                "ModelRequest.image_data: vLLM's token-in APIs take no images (only chat messages do, without "
-                "token ids or per-token logprobs of a given prompt); serve a vision model with SGLang"
-            )
         sp = sampling_params(gconfig, max_new=max_new, min_new=min_new, seed=seed)
+        if image_data:
+            return self._chat(sp, image_data, messages)
         if self.api == "tito":
             return HttpCall("POST", TITO_PATH, {"request_id": rid, "token_ids": list(input_ids), "sampling_params": sp})
         body = dict(sp)
@@ -158,8 +171,31 @@ class VLLMBackend:
         )
         return HttpCall("POST", COMPLETIONS_PATH, body)
 
+    def _chat(self, sp: dict[str, Any], images: list[str], messages: list[Any] | None) -> HttpCall:
+        if not messages:
+            raise UnsupportedRequestError(
+                "ModelRequest.vision_msg_vllm: vLLM takes images only in chat messages; give the request's chat "
+                "messages (with one image_url part per image), or serve a vision model with SGLang"
+            )
+        if isinstance(messages[0], list):  # AReaL's layout: [messages]
+            messages = messages[0]
+        filled = _with_images(messages, images)
+        body = {k: v for k, v in sp.items() if k != "logprobs"}
+        body.update(
+            messages=filled,
+            logprobs=True,
+            top_logprobs=0,
+            return_tokens_as_token_ids=True,
+            return_token_ids=True,
+            add_generation_prompt=True,
+            stream=False,
+        )
+        return HttpCall("POST", CHAT_PATH, body)
+
     def parse(self, body: Any) -> Segment:
-        """Parse a generation answer of this backend's flavour."""
+        """Parse a generation answer of this backend's flavour (or a chat answer, for images)."""
+        if isinstance(body, dict) and body.get("object") == "chat.completion":
+            return parse_chat(body)
         return parse_tito(body) if self.api == "tito" else parse_completions(body)
 
     def abort(self, rid: str) -> HttpCall | None:
@@ -275,3 +311,72 @@ def parse_completions(body: Any) -> Segment:
             f"{where}: choices[0].logprobs: {len(parsed)} tokens but {len(values)} token_logprobs"
         )
     return Segment(tokens=parsed, logprobs=values, stop_reason=stop)
+
+
+def _with_images(messages: list[Any], images: list[str]) -> list[Any]:
+    """A copy of ``messages`` whose ``image_url`` parts carry ``images`` as data URLs, in order."""
+    out: list[Any] = []
+    n = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise UnsupportedRequestError(f"ModelRequest.vision_msg_vllm[{i}]: must be a message object, got {type(message).__name__}")
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in ("image_url", "image"):
+                    if n >= len(images):
+                        raise UnsupportedRequestError(
+                            f"ModelRequest.vision_msg_vllm: more image parts than the request's {len(images)} images"
+                        )
+                    url = f"data:image/png;base64,{images[n]}"  # what encode_image_base64 makes
+                    part = {"type": "image_url", "image_url": {"url": url}}
+                    n += 1
+                parts.append(part)
+            message = {**message, "content": parts}
+        out.append(message)
+    if n != len(images):
+        raise UnsupportedRequestError(
+            f"ModelRequest.vision_msg_vllm: {n} image parts for the request's {len(images)} images"
+        )
+    return out
+
+
+def parse_chat(body: Any) -> Segment:
+    """Parse a ``/v1/chat/completions`` answer sent with ``logprobs`` and token-id strings.
+
+    ``prompt_tokens`` is the server's tokenization of the messages (``prompt_token_ids``),
+    when it reports it.
+
+    Raises:
+        EngineProtocolError: missing or mistyped fields, unparsable ``"token_id:N"``
+            strings, or ``token_ids`` that disagree with the logprobs' tokens.
+    """
+    where = "vLLM /v1/chat/completions"
+    choice = field(body, "choices", 0, kind=dict, where=where)
+    stop = _stop(choice.get("finish_reason"), where + " choices[0]")
+    lp = choice.get("logprobs")
+    if lp is None:
+        if stop == "abort":
+            return Segment(tokens=[], logprobs=[], stop_reason="abort")
+        raise EngineProtocolError(f"{where}: choices[0].logprobs: missing (send logprobs: true)")
+    content = field(lp, "content", kind=list, where=where + " choices[0].logprobs")
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    for i, entry in enumerate(content):
+        what = f"{where}: choices[0].logprobs.content[{i}]"
+        s = field(entry, "token", where=what)
+        if not isinstance(s, str) or not s.startswith("token_id:") or not s[len("token_id:") :].isdigit():
+            raise EngineProtocolError(f"{what}.token: must be 'token_id:N' (send return_tokens_as_token_ids), got {s!r}")
+        tokens.append(int(s[len("token_id:") :]))
+        logprobs.append(logprob(field(entry, "logprob", where=what), what + ".logprob"))
+    ids = choice.get("token_ids")
+    if ids is not None and int_list(ids, where + ": choices[0].token_ids") != tokens:
+        raise EngineProtocolError(f"{where}: choices[0].token_ids disagrees with choices[0].logprobs.content")
+    prompt = body.get("prompt_token_ids")
+    return Segment(
+        tokens=tokens,
+        logprobs=logprobs,
+        stop_reason=stop,
+        prompt_tokens=None if prompt is None else int_list(prompt, where + ": prompt_token_ids"),
+    )
