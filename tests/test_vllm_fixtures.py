@@ -196,6 +196,10 @@ def test_pause_modes_and_update_calls() -> None:
     assert (pause.path, pause.params) == ("/pause", {"mode": "abort"})
     calls = b.update_from_disk("/ckpt", 3, "/areal_update_weights")
     assert [c.path for c in calls] == ["/areal_update_weights", "/update_weight_version"]
+    assert calls[0].json == {"model_path": "/ckpt"}
+    calls = b.update_from_disk("/ckpt", 3, "/collective_rpc")  # the default: vLLM's own in-place reload
+    assert [c.path for c in calls] == ["/collective_rpc", "/update_weight_version"]
+    assert calls[0].json == {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt"}}
     assert calls[1].json == {"new_version": "3"}
     assert [c.path for c in b.update_from_disk("/ckpt", 3, None)] == ["/update_weight_version"]
 
@@ -382,7 +386,7 @@ class StatefulVLLM(FakeVLLM):
             return httpx.Response(200, json={"weight_version": self.label})
         if path == "/update_weight_version":
             self.label = payload["new_version"]
-        if path in ("/pause", "/resume", "/areal_update_weights"):
+        if path in ("/pause", "/resume", "/collective_rpc"):
             self.seen.append((path, payload))
             return httpx.Response(200, json={"status": "ok"})
         if path == "/inference/v1/generate" and not payload["request_id"].startswith("rollout-trio-probe"):

@@ -1,15 +1,20 @@
-"""RemoteEngine against a real vLLM server named by ROLLOUT_TRIO_VLLM_URL (skipped otherwise).
+"""RemoteEngine against a real vLLM server: the one ROLLOUT_TRIO_VLLM_URL names, else one
+started here from bench/.vllm-venv (``python -m bench.vllm_env`` builds it; CI does) on a
+tiny model saved from a config; skipped when neither is there.
 
 The server should run with ``--enable-scale-out`` (token-in/token-out endpoint and aborts),
 ``--logprobs-mode processed_logprobs`` and ``VLLM_SERVER_DEV_MODE=1`` (pause / resume /
-weight versions); see docs/remote.md. Token ids 1..3 must be in its vocabulary.
+weight versions / ``/collective_rpc``); see docs/remote.md. Token ids 1..3 must be in its
+vocabulary, and its ``--max-model-len`` at least 2048. The tests that reload checkpoints,
+and kill and restart the server, need the server started here.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,14 +25,45 @@ from prometheus_client.samples import Sample
 from rollout_trio import GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
 
+from .vllm_server import VLLMServer, save_tiny_checkpoint, vllm_env
+
 URL = os.environ.get("ROLLOUT_TRIO_VLLM_URL", "")
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(not URL, reason="ROLLOUT_TRIO_VLLM_URL is not set: no real vLLM server to test against"),
+    pytest.mark.skipif(
+        not URL and not vllm_env.ready(),
+        reason="no real vLLM server: set ROLLOUT_TRIO_VLLM_URL, or build one with `python -m bench.vllm_env`",
+    ),
 ]
 
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny model's base checkpoint, and one with other weights of the same shapes."""
+    root = tmp_path_factory.mktemp("vllm-ckpt")
+    return save_tiny_checkpoint(root / "base"), save_tiny_checkpoint(root / "other", perturb_seed=5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server(checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer | None]:
+    """The server this module tests: the one named by ROLLOUT_TRIO_VLLM_URL (None), else one started here."""
+    global URL
+    if URL:
+        yield None
+        return
+    srv = VLLMServer(checkpoints[0], tmp_path_factory.mktemp("vllm-log") / "vllm.log")
+    srv.start()
+    URL = srv.url
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
 PROMPT = [1, 2, 3]
+# Long enough (about 10 s on 2 CPU cores) that the server's metrics, which lag by up to a
+# second, show the request running before it ends; the server needs --max-model-len >= 2048.
+LONG = 2000
 
 
 def engine(**kw) -> RemoteEngine:  # type: ignore[no-untyped-def]
@@ -91,13 +127,8 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
         await trio.sleep(0.05)
 
 
-async def generating_since(tokens_before: float) -> bool:
-    """A request runs on the server and has produced a token since ``tokens_before``."""
-    return await metric("vllm:num_requests_running") >= 1 and await metric("vllm:generation_tokens_total") > tokens_before
-
-
 async def test_cancelled_requests_are_aborted_on_the_server() -> None:
-    g = GenerationConfig(max_new_tokens=480, ignore_eos=True)
+    g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
     before = await finished_counts()
     with trio.fail_after(120):
         async with engine(abort_grace=5) as eng:
@@ -112,7 +143,7 @@ async def test_cancelled_requests_are_aborted_on_the_server() -> None:
             async def idle() -> bool:
                 return await metric("vllm:num_requests_running") == 0 and await metric("vllm:num_requests_waiting") == 0
 
-            await until(idle)  # aborted, or (without the aborts) run to their 480 tokens
+            await until(idle)  # aborted, or (without the aborts) run to their LONG tokens
             after = await finished_counts()
             resp = await eng.agenerate(
                 ModelRequest(input_ids=PROMPT, gconfig=GenerationConfig(max_new_tokens=2, ignore_eos=True))
@@ -129,7 +160,7 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
         dev = (await probe.get(URL.rstrip("/") + "/is_paused")).status_code == 200
     if not dev:
         pytest.skip("the vLLM server is not in dev mode (VLLM_SERVER_DEV_MODE=1): no /pause, /resume")
-    g = GenerationConfig(max_new_tokens=480, ignore_eos=True)
+    g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
     with trio.fail_after(240):
         async with engine() as eng:
             result = []
@@ -137,15 +168,18 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
             async def gen() -> None:
                 result.append(await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g, rid="live-pause")))
 
-            tokens = await metric("vllm:generation_tokens_total")
+            async def sent() -> bool:
+                await trio.lowlevel.checkpoint()
+                return eng.servers[0].in_flight >= 1
+
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(gen)
-                await until(lambda: generating_since(tokens))  # mid-generation on the server
+                await until(sent)  # on the server (the update then cuts it, or holds it paused)
                 await eng.update_weights("/unused", 1)  # pause (abort mode), relabel "1", resume
             await eng.update_weights("/unused", 0)  # leave the server as found
     (resp,) = result
     v = list(resp.output_versions)
-    assert resp.output_len == 480
+    assert resp.output_len == LONG
     assert v == sorted(v) and set(v) <= {0, 1}
     assert 1 in v  # tokens after the update carry the server's new label
 
@@ -155,8 +189,8 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
     from rollout_trio.engines._vllm import VLLMBackend
 
     backend = VLLMBackend("tito")
-    g = GenerationConfig(max_new_tokens=480, ignore_eos=True)
-    gen = backend.generate(PROMPT, g, max_new=480, min_new=0, rid="live-abort-id")
+    g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
+    gen = backend.generate(PROMPT, g, max_new=LONG, min_new=0, rid="live-abort-id")
     abort = backend.abort("live-abort-id")
     assert abort is not None
     base = URL.rstrip("/")
@@ -167,11 +201,71 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
             async def run() -> None:
                 result["r"] = await client.post(base + gen.path, json=gen.json)
 
-            tokens = await metric("vllm:generation_tokens_total")
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run)
-                await until(lambda: generating_since(tokens))  # it has produced a token
-                r = await client.post(base + abort.path, json=abort.json)
-                assert r.status_code == 200
+                # Abort until the answer comes back: an abort sent before the server has
+                # the request is a no-op (its metrics lag too much to wait on them).
+                while "r" not in result:
+                    r = await client.post(base + abort.path, json=abort.json)
+                    assert r.status_code == 200
+                    await trio.sleep(0.05)
     seg = backend.parse(result["r"].json())
-    assert seg.stop_reason == "abort" and 0 < len(seg.tokens) < 480
+    assert seg.stop_reason == "abort" and len(seg.tokens) < LONG
+
+
+# ------------------------------------------------------------- weights, and a server that dies
+
+
+GREEDY = GenerationConfig(max_new_tokens=6, greedy=True, ignore_eos=True)
+
+
+async def answer(eng: RemoteEngine) -> tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]]:
+    resp = await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=GREEDY))
+    return resp.output_tokens, resp.output_logprobs, resp.output_versions
+
+
+async def test_update_weights_loads_the_checkpoint_into_the_running_server(server, checkpoints) -> None:
+    """The default reload (/collective_rpc reload_weights) loads the weights in place: the
+    greedy answer is the new weights' one, labelled with the new version, and loading the
+    base checkpoint again gives the first answer back exactly."""
+    if server is None:
+        pytest.skip("the server named by ROLLOUT_TRIO_VLLM_URL may not serve this test's checkpoints")
+    base, other = checkpoints
+    with trio.fail_after(300):
+        async with RemoteEngine(URL, "vllm", seed=0, setup_timeout=60) as eng:
+            v = eng.get_version()
+            tokens, logprobs, _ = await answer(eng)
+            await eng.update_weights(str(other), v + 1)
+            moved = await answer(eng)
+            await eng.update_weights(str(base), v + 2)
+            back = await answer(eng)
+            await eng.update_weights(str(base), 0)  # leave the server as found
+    assert moved[0] != tokens  # other weights answer otherwise
+    assert moved[2] == (v + 1,) * len(moved[0])
+    assert back[0] == tokens and back[1] == pytest.approx(logprobs, abs=1e-5)
+    assert back[2] == (v + 2,) * len(tokens)
+
+
+async def test_a_killed_and_restarted_server_gets_the_fleets_weights_before_it_serves(server, checkpoints) -> None:
+    """The issue's finding on vLLM 0.32: a server killed and restarted mid-run came back on
+    its base weights and was only relabelled. Here it is reloaded with the fleet's last
+    checkpoint before it serves: its answers are that checkpoint's, under its version."""
+    if server is None:
+        pytest.skip("this test kills and restarts the server: it needs the one started here")
+    base, other = checkpoints
+    with trio.fail_after(900):
+        async with RemoteEngine(URL, "vllm", seed=0, setup_timeout=60, health_interval=3600) as eng:
+            v = eng.get_version()
+            await eng.update_weights(str(other), v + 1)
+            before = await answer(eng)
+            server.kill()
+            await eng.check_fleet()
+            assert not eng.servers[0].up  # dead: out of service
+            await trio.to_thread.run_sync(server.start)  # on its base weights, labelled "default"
+            while not eng.servers[0].up:
+                await eng.check_fleet()
+                await trio.sleep(0.5)
+            after = await answer(eng)
+            await eng.update_weights(str(base), 0)  # leave the server as found
+    assert after[0] == before[0] and after[1] == pytest.approx(before[1], abs=1e-5)
+    assert after[2] == (v + 1,) * len(after[0])

@@ -95,8 +95,10 @@ class RemoteEngine:
             while this engine is not paused, before ``EngineServerError``.
         vllm_api: ``"auto"`` (probe ``/inference/v1/generate``, fall back to
             ``/v1/completions`` on 403/404), ``"tito"`` or ``"completions"``.
-        vllm_reload_path: the endpoint a vLLM server reloads weights from disk with
-            (stock vLLM has none; AReaL's wrapper has ``/areal_update_weights``), or None:
+        vllm_reload_path: the endpoint a vLLM server reloads weights from disk with:
+            ``/collective_rpc`` (the default: vLLM's dev-mode route, running its workers'
+            ``reload_weights`` on the checkpoint's path, in place), another path taking
+            ``{"model_path"}`` (AReaL's wrapper has ``/areal_update_weights``), or None:
             :meth:`update_weights` then only relabels the servers in service (the trainer
             loaded the weights some other way), and a server that comes back needs
             ``restore`` (it is never relabelled without its weights).
@@ -150,7 +152,7 @@ class RemoteEngine:
         health_interval: float = 5.0,
         max_empty_aborts: int = 20,
         vllm_api: Literal["auto", "tito", "completions"] = "auto",
-        vllm_reload_path: str | None = "/areal_update_weights",
+        vllm_reload_path: str | None = "/collective_rpc",
         verify_versions: bool = True,
         version: int = 0,
         restore: Restore | None = None,

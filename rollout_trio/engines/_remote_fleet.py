@@ -377,10 +377,10 @@ class Membership:
             except EngineServerError as exc:
                 if exc.status_code == 404 and call.path == reload_path:
                     raise EngineServerError(
-                        f"{exc}. {server.base_url} has no {call.path} endpoint: a stock vLLM server cannot "
-                        "reload weights over HTTP; pass RemoteEngine(vllm_reload_path=None) to only relabel "
-                        "its version (and load the weights some other way, with restore= for servers that "
-                        "come back)",
+                        f"{exc}. {server.base_url} has no {call.path} endpoint: start vLLM with "
+                        "VLLM_SERVER_DEV_MODE=1 for /collective_rpc (the default vllm_reload_path), or pass "
+                        "RemoteEngine(vllm_reload_path=None) to only relabel its version (and load the "
+                        "weights some other way, with restore= for servers that come back)",
                         status_code=404,
                         body=exc.body,
                     ) from exc

@@ -45,12 +45,14 @@ from ._remote_wire import (
     sampling_fields,
 )
 
-__all__ = ["CHAT_PATH", "TITO_PATH", "VLLMBackend", "parse_chat", "parse_weight_versions", "server_request_id"]
+__all__ = ["CHAT_PATH", "RELOAD_RPC_PATH", "TITO_PATH", "VLLMBackend", "parse_chat", "parse_weight_versions", "server_request_id"]
 
 TITO_PATH = "/inference/v1/generate"
 TITO_ABORT_PATH = "/inference/v1/abort_requests"
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
+#: vLLM's dev-mode RPC route; ``reload_weights`` through it loads a checkpoint in place.
+RELOAD_RPC_PATH = "/collective_rpc"
 
 # "repetition" (vLLM's repetition detection) ends generation like a stop condition.
 _STOPS: dict[str, SegmentStop] = {
@@ -213,9 +215,17 @@ class VLLMBackend:
         return [HttpCall("POST", "/resume")]
 
     def update_from_disk(self, path: str, version: int, reload_path: str | None) -> list[HttpCall]:
-        """Reload weights (through ``reload_path``, when set) and label them ``str(version)``."""
+        """Reload weights (through ``reload_path``, when set) and label them ``str(version)``.
+
+        ``/collective_rpc`` (vLLM's dev-mode route, ``VLLM_SERVER_DEV_MODE=1``) runs the
+        workers' ``reload_weights`` with ``weights_path``: the checkpoint loads in place,
+        into the running server, on the CPU build too. Any other path gets AReaL's body,
+        ``{"model_path": path}``.
+        """
         calls = []
-        if reload_path is not None:
+        if reload_path == RELOAD_RPC_PATH:
+            calls.append(HttpCall("POST", reload_path, {"method": "reload_weights", "kwargs": {"weights_path": path}}))
+        elif reload_path is not None:
             calls.append(HttpCall("POST", reload_path, {"model_path": path}))
         return [*calls, *self.label(version)]
 

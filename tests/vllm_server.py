@@ -1,0 +1,94 @@
+"""A real vLLM server for the live tests: started from bench/.vllm-venv on loopback, with
+the flags docs/remote.md names, serving a tiny model saved from a config.
+
+``ROLLOUT_TRIO_VLLM_URL`` names a server someone else runs instead (then nothing here is
+started, and the tests that kill and restart the server skip)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench import vllm_env  # noqa: E402
+
+START_DEADLINE_S = 600.0  # vLLM's CPU start (compile and warm-up) takes 60-120 s on 2 idle cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def save_tiny_checkpoint(path: Path, *, perturb_seed: int | None = None) -> Path:
+    """The tiny Llama saved as a checkpoint; ``perturb_seed`` gives other weights (same shapes)."""
+    import torch
+
+    from rollout_trio.models import tiny_model
+
+    model, tokenizer = tiny_model()
+    if perturb_seed is not None:
+        gen = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+class VLLMServer:
+    """One ``vllm`` OpenAI server process (token-in/out routes, dev-mode control routes)."""
+
+    def __init__(self, model: Path, log: Path, port: int | None = None) -> None:
+        self.model, self.log = model, log
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server and wait until ``/health`` answers 200 (or raise, with its log's end)."""
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+        argv = [
+            str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+            "--host", "127.0.0.1", "--port", str(self.port), "--enable-scale-out",
+            "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048", "--dtype", "float32",
+            # On CPU this is the share of the machine's memory vLLM reserves (0.92 by default): a
+            # tiny model needs little, and other processes on a test machine need the rest.
+            "--gpu-memory-utilization", "0.15",
+        ]  # fmt: skip
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} while starting: {self.tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.kill()
+        raise RuntimeError(f"vLLM did not answer /health within {START_DEADLINE_S:g} s: {self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (its engine core and workers too), and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=60)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
