@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +31,7 @@ from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls, prompt_chars
 from ._vision import vision_prompt
+from ._responses import RESPONSES_PATH, create_response
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
@@ -49,7 +50,7 @@ _INLINE_STOP_TOKENS = 256
 
 
 class OpenAIEndpoint:
-    """Serves ``POST /v1/chat/completions``, ``GET /v1/models`` and ``GET /health``.
+    """Serves ``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models`` and ``GET /health``.
 
     Args:
         engine: any :class:`~rollout_trio.engines.InferenceEngine`.
@@ -128,9 +129,17 @@ class OpenAIEndpoint:
 
     def _app(self, limits: ServerLimits, *, in_caller: bool) -> HTTPApp:
         async def chat(request: Request) -> Response:
-            return await self._chat_completions(request, in_caller=in_caller)
+            return await self._answer(self._complete(request, in_caller))
 
-        routes = {("GET", "/health"): self._health, ("GET", "/v1/models"): self._models, ("POST", _CHAT_PATH): chat}
+        async def responses(request: Request) -> Response:
+            return await self._answer(create_response(self, request, in_caller))
+
+        routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("POST", _CHAT_PATH): chat,
+            ("POST", RESPONSES_PATH): responses,
+        }
         return HTTPApp(routes, limits=limits, error_body=_error_body)
 
     def in_process_transport(self) -> httpx.ASGITransport:
@@ -186,9 +195,10 @@ class OpenAIEndpoint:
         data = [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]
         return Response(200, json_bytes({"object": "list", "data": data}))
 
-    async def _chat_completions(self, request: Request, *, in_caller: bool) -> Response:
+    async def _answer(self, body: Awaitable[bytes]) -> Response:
+        """A route's 200 body, or its error as an OpenAI-shaped body with the error's status."""
         try:
-            return Response(200, await self._complete(request, in_caller))
+            return Response(200, await body)
         except APIError as exc:
             return Response(exc.status, json_bytes(exc.body()))
         except HTTPError:
@@ -197,7 +207,12 @@ class OpenAIEndpoint:
             logger.error("chat completion failed", exc_info=exc)
             return Response(500, json_bytes(APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").body()))
 
-    def _parse(self, body: Any) -> ChatCompletionRequest:
+    def parse_chat(self, body: Any) -> ChatCompletionRequest:
+        """A chat completion request from a decoded JSON body, its size checked.
+
+        Raises:
+            APIError: 400 naming the field and the rule.
+        """
         req = parse_request(body, max_tokens_limit=self.max_tokens_limit)
         size = prompt_chars(req.messages, _offered_tools(req))
         if size > self.max_prompt_chars:
@@ -211,34 +226,9 @@ class OpenAIEndpoint:
 
     async def _complete(self, request: Request, in_caller: bool) -> bytes:
         session = self._authorize(request.header("authorization") or "")
-        req: ChatCompletionRequest = await request.json(self._parse)
-        rid = uuid.uuid4().hex
-        vision: dict[str, Any] = {}
-        if any(m.parts for m in req.messages):
-            prompt, vision = await self._vision_prompt(req)
-        else:
-            prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
-        try:
-            mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer, **vision)
-        except ImageInputError as exc:
-            raise APIError(400, f"messages: {exc}", param="messages") from None
-        resp = await self._generate(session, request, mreq, in_caller)
+        req: ChatCompletionRequest = await request.json(self.parse_chat)
+        completion_id, resp, message, finish, tokens = await self.run_chat(session, request, req, in_caller, prefix="chatcmpl-")
         created = int(time.time())
-        message, finish, tokens = await self._output_message(req, resp)
-        completion_id = f"chatcmpl-{rid}"
-        messages = [m.as_openai_dict() for m in req.messages]
-        session.record(
-            Interaction(
-                model_response=resp if len(tokens) == resp.output_len else _truncate(resp, len(tokens)),
-                messages=messages,
-                output_message_list=[message],
-                interaction_id=completion_id,
-                chat_template_type=session.chat_template_type,
-                parent=session.find_parent(messages) if session.chat_template_type == "concat" else None,
-                multi_modal_input=vision.get("multi_modal_input"),
-                image_token_id=image_token_id(self.processor) if vision else None,
-            )
-        )
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if req.logprobs:
             choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
@@ -257,6 +247,43 @@ class OpenAIEndpoint:
                 },
             }
         )
+
+    async def run_chat(
+        self, session: AgentSession, request: Request, req: ChatCompletionRequest, in_caller: bool, *, prefix: str
+    ) -> tuple[str, ModelResponse, dict[str, Any], str, tuple[int, ...]]:
+        """Generate one chat turn and record it; every API route (chat, responses) goes here.
+
+        Returns:
+            The interaction id (``prefix`` + request id), the engine's response, the
+            assistant message in chat form, the finish reason and the kept output tokens.
+        """
+        rid = uuid.uuid4().hex
+        vision: dict[str, Any] = {}
+        if any(m.parts for m in req.messages):
+            prompt, vision = await self._vision_prompt(req)
+        else:
+            prompt = await self.template.aprompt_ids(req.messages, _offered_tools(req))
+        try:
+            mreq = ModelRequest(input_ids=prompt, gconfig=self._gconfig(req), rid=rid, tokenizer=self.tokenizer, **vision)
+        except ImageInputError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
+        resp = await self._generate(session, request, mreq, in_caller)
+        message, finish, tokens = await self._output_message(req, resp)
+        completion_id = f"{prefix}{rid}"
+        messages = [m.as_openai_dict() for m in req.messages]
+        session.record(
+            Interaction(
+                model_response=resp if len(tokens) == resp.output_len else _truncate(resp, len(tokens)),
+                messages=messages,
+                output_message_list=[message],
+                interaction_id=completion_id,
+                chat_template_type=session.chat_template_type,
+                parent=session.find_parent(messages) if session.chat_template_type == "concat" else None,
+                multi_modal_input=vision.get("multi_modal_input"),
+                image_token_id=image_token_id(self.processor) if vision else None,
+            )
+        )
+        return completion_id, resp, message, finish, tokens
 
     # ---------------------------------------------------------------- helpers
 
