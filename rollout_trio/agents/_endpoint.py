@@ -31,6 +31,7 @@ from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls, prompt_chars
 from ._vision import vision_prompt
+from ._messages import MESSAGES_PATH, create_message
 from ._responses import RESPONSES_PATH, create_response
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ _INLINE_STOP_TOKENS = 256
 
 
 class OpenAIEndpoint:
-    """Serves ``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models`` and ``GET /health``.
+    """Serves ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/messages`` (Anthropic), ``GET /v1/models`` and ``GET /health``.
 
     Args:
         engine: any :class:`~rollout_trio.engines.InferenceEngine`.
@@ -134,7 +135,11 @@ class OpenAIEndpoint:
         async def responses(request: Request) -> Response:
             return await self._answer(create_response(self, request, in_caller))
 
+        async def messages(request: Request) -> Response:
+            return await create_message(self, request, in_caller)
+
         routes = {
+            ("POST", MESSAGES_PATH): messages,
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
             ("POST", _CHAT_PATH): chat,
