@@ -32,6 +32,7 @@ from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls, prompt_chars
 from ._vision import vision_prompt
 from ._messages import MESSAGES_PATH, create_message
+from ._sse import chat_events, sse_response
 from ._responses import RESPONSES_PATH, create_response
 
 if TYPE_CHECKING:
@@ -200,10 +201,10 @@ class OpenAIEndpoint:
         data = [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]
         return Response(200, json_bytes({"object": "list", "data": data}))
 
-    async def _answer(self, body: Awaitable[bytes]) -> Response:
-        """A route's 200 body, or its error as an OpenAI-shaped body with the error's status."""
+    async def _answer(self, answer: Awaitable[Response]) -> Response:
+        """A route's answer, or its error as an OpenAI-shaped body with the error's status."""
         try:
-            return Response(200, await body)
+            return await answer
         except APIError as exc:
             return Response(exc.status, json_bytes(exc.body()))
         except HTTPError:
@@ -229,7 +230,7 @@ class OpenAIEndpoint:
             )
         return req
 
-    async def _complete(self, request: Request, in_caller: bool) -> bytes:
+    async def _complete(self, request: Request, in_caller: bool) -> Response:
         session = self._authorize(request.header("authorization") or "")
         req: ChatCompletionRequest = await request.json(self.parse_chat)
         completion_id, resp, message, finish, tokens = await self.run_chat(session, request, req, in_caller, prefix="chatcmpl-")
@@ -237,21 +238,22 @@ class OpenAIEndpoint:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if req.logprobs:
             choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
+        completion = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": resp.input_len,
+                "completion_tokens": len(tokens),
+                "total_tokens": resp.input_len + len(tokens),
+            },
+        }
+        if req.stream:
+            return sse_response(chat_events(completion))
         # Encoded here, so a body JSON cannot hold (a NaN logprob) is a 500 like any failure.
-        return json_bytes(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": self.model_name,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": resp.input_len,
-                    "completion_tokens": len(tokens),
-                    "total_tokens": resp.input_len + len(tokens),
-                },
-            }
-        )
+        return Response(200, json_bytes(completion))
 
     async def run_chat(
         self, session: AgentSession, request: Request, req: ChatCompletionRequest, in_caller: bool, *, prefix: str

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._http import HTTPError, Request, Response, json_bytes
 from ._schema import APIError, ChatCompletionRequest
+from ._sse import message_events, sse_response
 
 if TYPE_CHECKING:
     from ._endpoint import OpenAIEndpoint
@@ -33,7 +34,9 @@ _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 def anthropic_error(status: int, message: str) -> bytes:
     """Anthropic's error body for ``status``: ``{"type": "error", "error": {"type", "message"}}``."""
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    kind = _ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
     return json_bytes({"type": "error", "error": {"type": kind, "message": message}})
 
 
@@ -46,11 +49,20 @@ def _text(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise _bad(where, f"must be a string or a list of content blocks, got {type(value).__name__}")
+        raise _bad(
+            where,
+            f"must be a string or a list of content blocks, got {type(value).__name__}",
+        )
     out = []
     for j, block in enumerate(value):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise _bad(f"{where}[{j}]", "must be a text block {'type': 'text', 'text': ...}")
+        if (
+            not isinstance(block, dict)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            raise _bad(
+                f"{where}[{j}]", "must be a text block {'type': 'text', 'text': ...}"
+            )
         out.append(block["text"])
     return "".join(out)
 
@@ -58,10 +70,18 @@ def _text(value: Any, where: str) -> str:
 def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
     if not isinstance(source, dict) or source.get("type") != "base64":
-        raise _bad(f"{where}.source", "must be a base64 source {'type': 'base64', 'media_type', 'data'}")
-    if not isinstance(source.get("media_type"), str) or not isinstance(source.get("data"), str):
+        raise _bad(
+            f"{where}.source",
+            "must be a base64 source {'type': 'base64', 'media_type', 'data'}",
+        )
+    if not isinstance(source.get("media_type"), str) or not isinstance(
+        source.get("data"), str
+    ):
         raise _bad(f"{where}.source", "media_type and data must be strings")
-    return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    return {
+        "type": "image_url",
+        "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"},
+    }
 
 
 def _message(m: Any, i: int) -> list[dict[str, Any]]:
@@ -75,7 +95,10 @@ def _message(m: Any, i: int) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _bad(f"{at}.content", f"must be a string or a list of content blocks, got {type(content).__name__}")
+        raise _bad(
+            f"{at}.content",
+            f"must be a string or a list of content blocks, got {type(content).__name__}",
+        )
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
@@ -91,20 +114,37 @@ def _message(m: Any, i: int) -> list[dict[str, Any]]:
         elif kind == "image" and role == "user":
             parts.append(_image(block, where))
         elif kind == "tool_use" and role == "assistant":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+            if not isinstance(block.get("id"), str) or not isinstance(
+                block.get("name"), str
+            ):
                 raise _bad(where, "a tool_use block needs string id and name")
             if not isinstance(block.get("input", {}), dict):
                 raise _bad(f"{where}.input", "must be an object")
             arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
-            calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": block["name"], "arguments": arguments},
+                }
+            )
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise _bad(f"{where}.tool_use_id", "must be a string")
-            tools.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _text(block.get("content", ""), f"{where}.content")})
+            tools.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block["tool_use_id"],
+                    "content": _text(block.get("content", ""), f"{where}.content"),
+                }
+            )
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # this endpoint produces none; a client echoing one back loses nothing
         else:
-            raise _bad(f"{where}.type", f"unknown or misplaced content block type {kind!r} in a {role} message")
+            raise _bad(
+                f"{where}.type",
+                f"unknown or misplaced content block type {kind!r} in a {role} message",
+            )
     text_only = all(p["type"] == "text" for p in parts)
     body: Any = "".join(p["text"] for p in parts) if text_only else parts
     out = list(tools)
@@ -124,7 +164,10 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise _bad(f"tools[{i}].name", "must be a string")
         if tool.get("type") not in (None, "custom"):
-            raise _bad(f"tools[{i}].type", f"only client tools (with input_schema) are supported, got {tool.get('type')!r}")
+            raise _bad(
+                f"tools[{i}].type",
+                f"only client tools (with input_schema) are supported, got {tool.get('type')!r}",
+            )
         fn = {"name": tool["name"], "parameters": tool.get("input_schema")}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
@@ -152,20 +195,40 @@ def messages_to_chat(body: Any) -> dict[str, Any]:
     """
     if not isinstance(body, dict):
         raise APIError(400, f"body: must be a JSON object, got {type(body).__name__}")
-    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+    if not isinstance(body.get("max_tokens"), int) or isinstance(
+        body.get("max_tokens"), bool
+    ):
         raise _bad("max_tokens", "is required and must be an integer")
     raw = body.get("messages")
     if not isinstance(raw, list):
         raise _bad("messages", "is required and must be a list of messages")
-    messages = [] if body.get("system") is None else [{"role": "system", "content": _text(body["system"], "system")}]
+    messages = (
+        []
+        if body.get("system") is None
+        else [{"role": "system", "content": _text(body["system"], "system")}]
+    )
     for i, m in enumerate(raw):
         messages += _message(m, i)
-    chat: dict[str, Any] = {"messages": messages, "tools": _tools(body), "max_tokens": body["max_tokens"]}
+    chat: dict[str, Any] = {
+        "messages": messages,
+        "tools": _tools(body),
+        "max_tokens": body["max_tokens"],
+    }
     if (choice := _tool_choice(body.get("tool_choice"))) is not None:
         chat["tool_choice"] = choice
-    if body.get("temperature") is not None and not (isinstance(body["temperature"], (int, float)) and 0 <= body["temperature"] <= 1):
-        raise _bad("temperature", f"must be between 0 and 1, got {body['temperature']!r}")
-    for src, dst in (("model", "model"), ("temperature", "temperature"), ("top_p", "top_p"), ("stop_sequences", "stop"), ("stream", "stream")):
+    if body.get("temperature") is not None and not (
+        isinstance(body["temperature"], (int, float)) and 0 <= body["temperature"] <= 1
+    ):
+        raise _bad(
+            "temperature", f"must be between 0 and 1, got {body['temperature']!r}"
+        )
+    for src, dst in (
+        ("model", "model"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("stop_sequences", "stop"),
+        ("stream", "stream"),
+    ):
         if body.get(src) is not None:
             chat[dst] = body[src]
     return chat
@@ -177,27 +240,35 @@ def session_key_header(request: Request) -> str:
     return f"Bearer {key}" if key else (request.header("authorization") or "")
 
 
-async def create_message(endpoint: OpenAIEndpoint, request: Request, in_caller: bool) -> Response:
+async def create_message(
+    endpoint: OpenAIEndpoint, request: Request, in_caller: bool
+) -> Response:
     """Serve one ``POST /v1/messages``: a ``message`` object, or Anthropic's error shape."""
     try:
-        return Response(200, await _create(endpoint, request, in_caller))
+        return await _create(endpoint, request, in_caller)
     except APIError as exc:
         return Response(exc.status, anthropic_error(exc.status, exc.message))
     except HTTPError:
         raise
-    except Exception as exc:  # an engine failure: a 500 body, never a dropped connection
+    except (
+        Exception
+    ) as exc:  # an engine failure: a 500 body, never a dropped connection
         logger.error("message failed", exc_info=exc)
         return Response(500, anthropic_error(500, f"{type(exc).__name__}: {exc}"))
 
 
-async def _create(endpoint: OpenAIEndpoint, request: Request, in_caller: bool) -> bytes:
+async def _create(
+    endpoint: OpenAIEndpoint, request: Request, in_caller: bool
+) -> Response:
     session = endpoint._authorize(session_key_header(request))
 
     def parse(body: Any) -> ChatCompletionRequest:
         return endpoint.parse_chat(messages_to_chat(body))
 
     req: ChatCompletionRequest = await request.json(parse)
-    rid, resp, message, finish, tokens = await endpoint.run_chat(session, request, req, in_caller, prefix="msg_")
+    rid, resp, message, finish, tokens = await endpoint.run_chat(
+        session, request, req, in_caller, prefix="msg_"
+    )
     content: list[dict[str, Any]] = []
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
@@ -210,15 +281,18 @@ async def _create(endpoint: OpenAIEndpoint, request: Request, in_caller: bool) -
                         "input": args if isinstance(args, dict) else {}})  # fmt: skip
     if not content:
         content.append({"type": "text", "text": ""})
-    return json_bytes(
-        {
-            "id": rid,
-            "type": "message",
-            "role": "assistant",
-            "model": endpoint.model_name,
-            "content": content,
-            "stop_reason": _STOP.get(finish, "end_turn"),
-            "stop_sequence": None,
-            "usage": {"input_tokens": resp.input_len, "output_tokens": len(tokens)},
-        }
+    message_obj = {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": endpoint.model_name,
+        "content": content,
+        "stop_reason": _STOP.get(finish, "end_turn"),
+        "stop_sequence": None,
+        "usage": {"input_tokens": resp.input_len, "output_tokens": len(tokens)},
+    }
+    return (
+        sse_response(message_events(message_obj))
+        if req.stream
+        else Response(200, json_bytes(message_obj))
     )
