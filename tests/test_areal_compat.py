@@ -225,13 +225,30 @@ async def test_arealss_openai_agents_math_agent_file_runs_unchanged_single_and_g
     assert len(grouped) == 3
 
 
+@pytest.mark.parametrize("cls", ["MathAgent", "MathToolAgent"])
+async def test_arealss_langchain_math_agent_file_runs_unchanged_single_and_grouped(hook, cls):
+    from rollout_trio import interactions_to_trajectory
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    model, tok = tiny_model()
+    model.config.max_position_embeddings = 4096  # the tool agent's six tools template long
+    math_agent = importlib.import_module("areal.workflow.langchain.math_agent")
+    assert Path(math_agent.__file__).is_relative_to(hook)  # AReaL's own file, not a copy
+    wf = AgentRolloutWorkflow(getattr(math_agent, cls)(max_completion_tokens=6, temperature=1.0))
+    async with LocalEngine(model, tok, seed=0) as engine:
+        single = await wf.arun_episode(engine, DATA)
+        grouped = await run_group(wf, engine, DATA, 3)
+    assert single and all(t.interaction_id.startswith("chatcmpl-") for t in single.values())
+    assert interactions_to_trajectory(single).batch_size == len(single)
+    assert len(grouped) == 3
+
+
 @pytest.mark.skip(
-    reason="areal/workflow/langchain/math_agent.py and anthropic/math_agent.py import math_verify (and langchain's "
-    "create_agent) at module level, not installed yet; the anthropic one also hands the in-process http_client "
-    "(an httpx client) to anthropic 2.16's AsyncAnthropic, which takes only httpx2 clients"
+    reason="areal/workflow/anthropic/math_agent.py hands the in-process http_client (an httpx client) to "
+    "anthropic 2.16's AsyncAnthropic, which takes only httpx2 clients, and its base_url ends in /v1"
 )
-def test_langchain_and_anthropic_math_agents_run_unchanged():
-    raise AssertionError("runs once math_verify is a test dependency and the Anthropic client question is settled")
+def test_anthropic_math_agent_runs_unchanged():
+    raise AssertionError("runs once the Anthropic client question is settled")
 
 
 def test_run_command_runs_arealss_rlvr_file_with_the_flag(areal_sources, capsys):
