@@ -58,3 +58,15 @@ class SetsidSpawningAgent:
         with open(data["pid_file"], "w") as f:
             f.write(str(child.pid))
         return 1.0
+
+
+class ClaudeEnvAgent:
+    """Finds the endpoint in ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY, as any Anthropic program does."""
+
+    async def run(self, data):
+        import anthropic
+
+        client = anthropic.AsyncAnthropic(max_retries=0)
+        reply = await client.messages.create(model="any", max_tokens=16, messages=data["messages"])
+        await client.close()
+        return 0.5 + len(reply.content[0].text)

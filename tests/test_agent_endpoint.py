@@ -178,7 +178,7 @@ BAD_REQUESTS = [
     ({"messages": USER, "temperature": 5}, 400, "temperature"),
     ({"messages": USER, "top_p": 0}, 400, "top_p"),
     ({"messages": USER, "stop": [1]}, 400, "stop"),
-    ({"messages": USER, "stream": True}, 400, "stream"),
+    ({"messages": USER, "stream": "yes"}, 400, "stream"),
     ({"messages": USER, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
     ({"messages": USER, "top_logprobs": 5}, 400, "top_logprobs"),
     (b"{not json", 400, "body"),

@@ -304,6 +304,16 @@ async def test_subprocess_agent_reaches_the_endpoint_over_loopback():
     assert inter.reward == 4.5 and inter.output_message_list[0]["content"] == "five"
 
 
+async def test_subprocess_agent_finds_the_endpoint_in_the_anthropic_variables():
+    engine = texts_engine(["five"])
+    wf = AgentRolloutWorkflow(subproc_agents.ClaudeEnvAgent(), mode="subproc")
+    with trio.fail_after(60):
+        result = await wf.arun_episode(engine, QUESTION)
+    [inter] = result.values()
+    assert inter.reward == 4.5 and inter.output_message_list[0]["content"] == "five"
+    assert inter.interaction_id.startswith("msg_")
+
+
 async def test_subprocess_agent_errors_reject_the_episode():
     wf = AgentRolloutWorkflow(subproc_agents.FailingAgent(), mode="subproc")
     with trio.fail_after(60), pytest.raises(LookupError, match="no answer for What is 2") as info:

@@ -187,12 +187,68 @@ async def test_seed_custom_task_workflow_runs_with_its_two_edits(hook, model_and
 # AReaL's workflow/vision_rlvr.py: tests/test_areal_vision.py (with the tiny VLM).
 
 
+class RunsArealsMathAgent:
+    """AReaL's ``build_math_agent()`` (openai-agents, handoffs as tools) run by ``Runner.run``,
+    as AReaL's openai-agents workflow runs it, over the endpoint's Responses API."""
+
+    def __init__(self, build):
+        self.build = build
+
+    async def run(self, data, **kwargs):
+        import openai
+        from agents import OpenAIResponsesModel, RunConfig, Runner
+
+        model = OpenAIResponsesModel("default", openai_client=openai.AsyncOpenAI(max_retries=0, **kwargs))
+        config = RunConfig(model=model, tracing_disabled=True)
+        result = await Runner.run(self.build(), data["messages"][-1]["content"], run_config=config, max_turns=2)
+        return float(str(data["answer"]) in str(result.final_output))
+
+
+async def test_arealss_openai_agents_math_agent_file_runs_unchanged_single_and_grouped(hook):
+    from rollout_trio import interactions_to_trajectory
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    model, tok = tiny_model()
+    # AReaL's instructions and handoff tools template to ~2600 tokens; the tiny model's
+    # rotary positions extend past its configured 2048.
+    model.config.max_position_embeddings = 4096
+    math_agent = importlib.import_module("areal.workflow.openai_agent.math_agent")
+    assert Path(math_agent.__file__).is_relative_to(hook)  # AReaL's own file, not a copy
+    wf = AgentRolloutWorkflow(RunsArealsMathAgent(math_agent.build_math_agent), gconfig=GenerationConfig(max_new_tokens=6))
+    async with LocalEngine(model, tok, seed=0) as engine:
+        single = await wf.arun_episode(engine, DATA)
+        grouped = await run_group(wf, engine, DATA, 3)
+    [turn] = single.values()  # the tiny model calls no handoff: one turn, its instructions the system prompt
+    assert turn.interaction_id.startswith("resp_") and turn.messages[0]["role"] == "system"
+    assert "Math Problem Solver" in turn.messages[0]["content"] or "math problem" in turn.messages[0]["content"]
+    assert interactions_to_trajectory(single).batch_size == 1
+    assert len(grouped) == 3
+
+
+@pytest.mark.parametrize("cls", ["MathAgent", "MathToolAgent"])
+async def test_arealss_langchain_math_agent_file_runs_unchanged_single_and_grouped(hook, cls):
+    from rollout_trio import interactions_to_trajectory
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    model, tok = tiny_model()
+    model.config.max_position_embeddings = 4096  # the tool agent's six tools template long
+    math_agent = importlib.import_module("areal.workflow.langchain.math_agent")
+    assert Path(math_agent.__file__).is_relative_to(hook)  # AReaL's own file, not a copy
+    wf = AgentRolloutWorkflow(getattr(math_agent, cls)(max_completion_tokens=6, temperature=1.0))
+    async with LocalEngine(model, tok, seed=0) as engine:
+        single = await wf.arun_episode(engine, DATA)
+        grouped = await run_group(wf, engine, DATA, 3)
+    assert single and all(t.interaction_id.startswith("chatcmpl-") for t in single.values())
+    assert interactions_to_trajectory(single).batch_size == len(single)
+    assert len(grouped) == 3
+
+
 @pytest.mark.skip(
-    reason="areal/workflow/openai/math_agent.py imports the openai-agents SDK (`agents`) and math_verify at module "
-    "level; neither is a dependency yet, and the agent SDK workflows are the next issue's"
+    reason="areal/workflow/anthropic/math_agent.py hands the in-process http_client (an httpx client) to "
+    "anthropic 2.16's AsyncAnthropic, which takes only httpx2 clients, and its base_url ends in /v1"
 )
-def test_math_agents_run_unchanged():
-    raise AssertionError("runs once the agent SDK issue lands")
+def test_anthropic_math_agent_runs_unchanged():
+    raise AssertionError("runs once the Anthropic client question is settled")
 
 
 def test_run_command_runs_arealss_rlvr_file_with_the_flag(areal_sources, capsys):

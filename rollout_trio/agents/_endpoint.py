@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +31,9 @@ from ._schema import APIError, ChatCompletionRequest, Tool, parse_request
 from ._session import AgentSession
 from ._template import ChatTemplate, parse_tool_calls, prompt_chars
 from ._vision import vision_prompt
+from ._messages import MESSAGES_PATH, create_message
+from ._sse import chat_events, sse_response
+from ._responses import RESPONSES_PATH, create_response
 
 if TYPE_CHECKING:
     from ..engines import InferenceEngine
@@ -49,7 +52,7 @@ _INLINE_STOP_TOKENS = 256
 
 
 class OpenAIEndpoint:
-    """Serves ``POST /v1/chat/completions``, ``GET /v1/models`` and ``GET /health``.
+    """Serves ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/messages`` (Anthropic), ``GET /v1/models`` and ``GET /health``.
 
     Args:
         engine: any :class:`~rollout_trio.engines.InferenceEngine`.
@@ -128,9 +131,21 @@ class OpenAIEndpoint:
 
     def _app(self, limits: ServerLimits, *, in_caller: bool) -> HTTPApp:
         async def chat(request: Request) -> Response:
-            return await self._chat_completions(request, in_caller=in_caller)
+            return await self._answer(self._complete(request, in_caller))
 
-        routes = {("GET", "/health"): self._health, ("GET", "/v1/models"): self._models, ("POST", _CHAT_PATH): chat}
+        async def responses(request: Request) -> Response:
+            return await self._answer(create_response(self, request, in_caller))
+
+        async def messages(request: Request) -> Response:
+            return await create_message(self, request, in_caller)
+
+        routes = {
+            ("POST", MESSAGES_PATH): messages,
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("POST", _CHAT_PATH): chat,
+            ("POST", RESPONSES_PATH): responses,
+        }
         return HTTPApp(routes, limits=limits, error_body=_error_body)
 
     def in_process_transport(self) -> httpx.ASGITransport:
@@ -186,9 +201,10 @@ class OpenAIEndpoint:
         data = [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollout-trio"}]
         return Response(200, json_bytes({"object": "list", "data": data}))
 
-    async def _chat_completions(self, request: Request, *, in_caller: bool) -> Response:
+    async def _answer(self, answer: Awaitable[Response]) -> Response:
+        """A route's answer, or its error as an OpenAI-shaped body with the error's status."""
         try:
-            return Response(200, await self._complete(request, in_caller))
+            return await answer
         except APIError as exc:
             return Response(exc.status, json_bytes(exc.body()))
         except HTTPError:
@@ -197,7 +213,12 @@ class OpenAIEndpoint:
             logger.error("chat completion failed", exc_info=exc)
             return Response(500, json_bytes(APIError(500, f"{type(exc).__name__}: {exc}", type="server_error").body()))
 
-    def _parse(self, body: Any) -> ChatCompletionRequest:
+    def parse_chat(self, body: Any) -> ChatCompletionRequest:
+        """A chat completion request from a decoded JSON body, its size checked.
+
+        Raises:
+            APIError: 400 naming the field and the rule.
+        """
         req = parse_request(body, max_tokens_limit=self.max_tokens_limit)
         size = prompt_chars(req.messages, _offered_tools(req))
         if size > self.max_prompt_chars:
@@ -209,9 +230,40 @@ class OpenAIEndpoint:
             )
         return req
 
-    async def _complete(self, request: Request, in_caller: bool) -> bytes:
+    async def _complete(self, request: Request, in_caller: bool) -> Response:
         session = self._authorize(request.header("authorization") or "")
-        req: ChatCompletionRequest = await request.json(self._parse)
+        req: ChatCompletionRequest = await request.json(self.parse_chat)
+        completion_id, resp, message, finish, tokens = await self.run_chat(session, request, req, in_caller, prefix="chatcmpl-")
+        created = int(time.time())
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if req.logprobs:
+            choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
+        completion = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": resp.input_len,
+                "completion_tokens": len(tokens),
+                "total_tokens": resp.input_len + len(tokens),
+            },
+        }
+        if req.stream:
+            return sse_response(chat_events(completion))
+        # Encoded here, so a body JSON cannot hold (a NaN logprob) is a 500 like any failure.
+        return Response(200, json_bytes(completion))
+
+    async def run_chat(
+        self, session: AgentSession, request: Request, req: ChatCompletionRequest, in_caller: bool, *, prefix: str
+    ) -> tuple[str, ModelResponse, dict[str, Any], str, tuple[int, ...]]:
+        """Generate one chat turn and record it; every API route (chat, responses) goes here.
+
+        Returns:
+            The interaction id (``prefix`` + request id), the engine's response, the
+            assistant message in chat form, the finish reason and the kept output tokens.
+        """
         rid = uuid.uuid4().hex
         vision: dict[str, Any] = {}
         if any(m.parts for m in req.messages):
@@ -223,9 +275,8 @@ class OpenAIEndpoint:
         except ImageInputError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from None
         resp = await self._generate(session, request, mreq, in_caller)
-        created = int(time.time())
         message, finish, tokens = await self._output_message(req, resp)
-        completion_id = f"chatcmpl-{rid}"
+        completion_id = f"{prefix}{rid}"
         messages = [m.as_openai_dict() for m in req.messages]
         session.record(
             Interaction(
@@ -239,24 +290,7 @@ class OpenAIEndpoint:
                 image_token_id=image_token_id(self.processor) if vision else None,
             )
         )
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        if req.logprobs:
-            choice["logprobs"] = {"content": [self._token_logprob(t, lp) for t, lp in zip(tokens, resp.output_logprobs, strict=False)]}
-        # Encoded here, so a body JSON cannot hold (a NaN logprob) is a 500 like any failure.
-        return json_bytes(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": self.model_name,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": resp.input_len,
-                    "completion_tokens": len(tokens),
-                    "total_tokens": resp.input_len + len(tokens),
-                },
-            }
-        )
+        return completion_id, resp, message, finish, tokens
 
     # ---------------------------------------------------------------- helpers
 

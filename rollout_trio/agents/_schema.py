@@ -281,8 +281,6 @@ def _check(req: ChatCompletionRequest, max_tokens_limit: int) -> None:
         raise APIError(400, "messages: must hold at least one message", param="messages")
     if req.n != 1:
         raise APIError(400, f"n: only n=1 is supported, got {req.n}; send n requests instead", param="n")
-    if req.stream:
-        raise APIError(400, "stream: streaming is not supported; send stream=false", param="stream")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise APIError(400, f"temperature: must be between 0 and 2, got {req.temperature}", param="temperature")
     if req.top_p is not None and not 0 < req.top_p <= 1:

@@ -64,7 +64,8 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             a worker supervisor that kills everything it started, ``setsid`` children too,
             when the episode ends or is cancelled) with its own event loop; its return
             value (the rewards) crosses as JSON-like data, and finds
-            the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. The agent must be
+            the endpoint in ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (and ``ANTHROPIC_BASE_URL`` /
+            ``ANTHROPIC_API_KEY`` for Anthropic clients). The agent must be
             picklable; one defined in a script's ``__main__`` works as with
             multiprocessing's spawn (guard the script's entry point).
         mode: ``"inline"`` (same process, no socket) or ``"subproc"``.
@@ -198,7 +199,9 @@ class AgentRolloutWorkflow(RolloutWorkflow):
                 reply: Any
                 async with trio.open_nursery() as nursery:
                     base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
-                    env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key}
+                    # The Anthropic SDK appends /v1/messages to its base URL itself.
+                    env = {"OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": session.key,
+                           "ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": session.key}  # fmt: skip
                     try:
                         # Cancelling the run kills the agent's process group (its requests then disconnect).
                         async with IsolatedWorkers(run_agent, 1, what="agent process") as pool:
