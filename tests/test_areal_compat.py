@@ -243,6 +243,29 @@ async def test_arealss_langchain_math_agent_file_runs_unchanged_single_and_group
     assert len(grouped) == 3
 
 
+@pytest.mark.parametrize("cls", ["MathAgent", "MultiTurnMathAgent"])
+async def test_arealss_openai_client_math_agent_file_runs_unchanged_single_and_grouped(hook, cls):
+    """AReaL's ``workflow/openai/math_agent.py``: a plain ``AsyncOpenAI`` client on the
+    http_client the endpoint hands it, its reward through AReaL's AsyncRewardWrapper."""
+    from rollout_trio import interactions_to_trajectory
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    model, tok = tiny_model()
+    math_agent = importlib.import_module("areal.workflow.openai.math_agent")
+    assert Path(math_agent.__file__).is_relative_to(hook)  # AReaL's own file, not a copy
+    kwargs = {"max_completion_tokens": 6, "temperature": 1.0}
+    agent = getattr(math_agent, cls)(max_turns=2, **kwargs) if cls == "MultiTurnMathAgent" else math_agent.MathAgent(**kwargs)
+    wf = AgentRolloutWorkflow(agent)
+    async with LocalEngine(model, tok, seed=0) as engine:
+        single = await wf.arun_episode(engine, DATA)
+        grouped = await run_group(wf, engine, DATA, 3)
+    assert single and all(t.interaction_id.startswith("chatcmpl-") for t in single.values())
+    turns = 2 if cls == "MultiTurnMathAgent" else 1  # the tiny model never answers right: every turn runs
+    assert len(single) == turns
+    assert interactions_to_trajectory(single).batch_size == len(single)
+    assert len(grouped) == 3 * turns  # each slot's interactions, kept
+
+
 @pytest.mark.skip(
     reason="areal/workflow/anthropic/math_agent.py hands the in-process http_client (an httpx client) to "
     "anthropic 2.16's AsyncAnthropic, which takes only httpx2 clients, and its base_url ends in /v1"
