@@ -11,10 +11,13 @@ imports pull in, each pinned to the version this list was checked with.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import venv
 from pathlib import Path
+
+try:
+    from ._venv import PinnedVenv
+except ImportError:  # run as a script
+    from _venv import PinnedVenv  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("AREAL_BENCH_VENV", HERE / ".areal-venv"))
@@ -61,39 +64,24 @@ NO_DEPS = [
     "itsdangerous==2.2.0",
 ]
 
-_MARKER = "bench-areal-env.txt"  # records what was installed, so a changed list reinstalls
+ENV = PinnedVenv(VENV, "bench-areal-env.txt", [["install", *WITH_DEPS], ["install", "--no-deps", *NO_DEPS]])
 
 
 def python() -> Path:
     """The AReaL environment's interpreter."""
-    return VENV / "bin" / "python"
-
-
-def _wanted() -> str:
-    return "\n".join(WITH_DEPS + NO_DEPS) + "\n"
+    return ENV.python()
 
 
 def ready() -> bool:
     """True when the environment exists and holds exactly the pinned list."""
-    marker = VENV / _MARKER
-    return python().exists() and marker.exists() and marker.read_text() == _wanted()
+    return ENV.ready()
 
 
 def ensure(log=print) -> Path:
     """Create and fill the environment if it is missing or stale; return its interpreter."""
-    if ready():
-        return python()
-    log(f"creating the AReaL 1.0.4 environment in {VENV} (first use; a few minutes)")
-    venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    pip = [str(python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    for args in (WITH_DEPS, ["--no-deps", *NO_DEPS]):
-        done = subprocess.run([*pip, *args], check=False)
-        if done.returncode != 0:
-            raise SystemExit(
-                f"pip could not install {' '.join(args)} into {VENV} (exit {done.returncode}); "
-                "torch==2.13.0+cpu must be reachable (a local wheel or a CPU index)"
-            )
-    (VENV / _MARKER).write_text(_wanted())
+    if not ready():
+        ENV.build("AReaL 1.0.4", log, hint="; torch==2.13.0+cpu must be reachable (a local wheel or a CPU index)")
+        ENV.mark()
     return python()
 
 

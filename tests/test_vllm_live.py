@@ -1,5 +1,5 @@
 """RemoteEngine against a real vLLM server: the one ROLLOUT_TRIO_VLLM_URL names, else one
-started here from bench/.vllm-venv (``python -m bench.vllm_env`` builds it; CI does) on a
+started here from bench/.vllm-venv (``python -m bench.vllm_env`` builds it; CI does not yet) on a
 tiny model saved from a config; skipped when neither is there.
 
 The server should run with ``--enable-scale-out`` (token-in/token-out endpoint and aborts),
