@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 
@@ -9,7 +10,10 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
     """Make public names report the public module (``rollout_trio.X``), as Trio does.
 
     Tracebacks, reprs and documentation then show where users import a name from,
-    not the private module it is defined in.
+    not the private module it is defined in. A class's string annotations are tied to the
+    module they were written in first (``ForwardRef(..., module=...)``): ``get_type_hints``
+    and cattrs, which look names up in ``sys.modules[cls.__module__]``, still resolve them
+    there, whenever they run (the root loads its names one module at a time).
     """
     seen: set[int] = set()
 
@@ -19,6 +23,8 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
         seen.add(id(obj))
         mod = getattr(obj, "__module__", None)
         if mod is not None and mod.startswith("rollout_trio."):
+            if isinstance(obj, type):
+                _pin_annotations(obj, mod)
             obj.__module__ = module_name
             if isinstance(obj, type):
                 obj.__qualname__ = qualname
@@ -28,3 +34,44 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
     for name, obj in namespace.items():
         if not name.startswith("_") and (isinstance(obj, type) or callable(obj)):
             fix(name, obj, name)
+
+
+def _pin_annotations(cls: type, home: str) -> None:
+    annotations = cls.__dict__.get("__annotations__")
+    if isinstance(annotations, dict):
+        for key, value in annotations.items():
+            if isinstance(value, str):
+                annotations[key] = typing.ForwardRef(value, is_argument=False, module=home, is_class=True)
+
+
+class LazyModule:
+    """A stand-in for a heavy module (torch) that imports it on first attribute access.
+
+    It then puts the real module in its place in the namespace that holds it, so later
+    lookups in that module find the real one and pay nothing. Use it as::
+
+        if TYPE_CHECKING:
+            import torch
+        else:
+            torch = LazyModule("torch", globals())
+
+    Args:
+        name: the module's import name, also the global it stands in for.
+        namespace: the ``globals()`` of the module that holds the stand-in.
+    """
+
+    __slots__ = ("_name", "_namespace")
+
+    def __init__(self, name: str, namespace: dict[str, Any]) -> None:
+        self._name = name
+        self._namespace = namespace
+
+    def __getattr__(self, attribute: str) -> Any:
+        import importlib
+
+        module = importlib.import_module(self._name)
+        self._namespace[self._name] = module
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}, imported on first use>"

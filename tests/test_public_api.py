@@ -122,7 +122,40 @@ def test_importing_the_root_imports_neither_torch_nor_transformers():
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
         "print(rollout_trio.Trajectory.__module__, 'torch' in sys.modules)\n"
     )
-    assert out.splitlines() == ["[]", "rollout_trio True"]
+    assert out.splitlines() == ["[]", "rollout_trio False"]
+
+
+def test_reading_trajectory_imports_only_its_own_modules_and_torch_waits_for_a_tensor():
+    """Issue 31: the first public name loads its module alone; torch comes with the first tensor."""
+    out = _in_fresh_python(
+        "import sys\n"
+        "from rollout_trio import Trajectory\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'trio', 'httpx', 'rollout_trio.executor') if m in sys.modules))\n"
+        "import torch\n"
+        "t = Trajectory(input_ids=torch.tensor([[1, 2]]), attention_mask=torch.tensor([[1, 1]]))\n"
+        "print(t.attention_mask.dtype, Trajectory.__module__)\n"
+        "try:\n"
+        "    Trajectory(input_ids=[[1, 2]], attention_mask=torch.ones(1, 2, dtype=torch.bool))\n"
+        "except ValueError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    assert out.splitlines() == ["[]", "torch.bool rollout_trio", "WorkflowContractError"]
+
+
+@pytest.mark.parametrize("first", ["ModelRequest", "Trajectory", "GenerationConfig", "RolloutGroup"])
+def test_names_loaded_one_module_at_a_time_still_convert_and_resolve_their_annotations(first):
+    """A class already reporting ``rollout_trio`` keeps its annotations' own module for cattrs
+    (``_convert`` loads after it) and for ``typing.get_type_hints``."""
+    out = _in_fresh_python(
+        "import typing, torch, rollout_trio\n"
+        f"getattr(rollout_trio, {first!r})\n"
+        "from rollout_trio import GenerationConfig, ModelRequest, RolloutGroup, Trajectory, from_json, to_json\n"
+        "r = ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=3))\n"
+        "t = Trajectory(input_ids=torch.tensor([[1]]), attention_mask=torch.tensor([[True]]), rollout_group=RolloutGroup((1,)))\n"
+        "print(from_json(to_json(r), ModelRequest).gconfig.max_new_tokens, from_json(to_json(t), Trajectory).rollout_group.row_counts)\n"
+        "print(typing.get_type_hints(Trajectory)['input_ids'].__name__, typing.get_type_hints(ModelRequest)['gconfig'].__name__)\n"
+    )
+    assert out.splitlines() == ["3 (1,)", "Tensor GenerationConfig"]
 
 
 def test_star_import_and_dir_give_every_public_name():
