@@ -229,19 +229,24 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
+_MISSING = object()
+
+
 def _load(name: str) -> _typing.Any:
     """Import the module of one public name, then make the loaded names report ``rollout_trio``.
 
     Only that name's module (and what it imports) loads: ``from rollout_trio import
     Trajectory`` does not import the executor, the agents or torch. Every public name whose
     module is fully imported by then is rewritten and kept here, so later lookups skip
-    ``__getattr__``. Classes whose annotations are read at import time by a later module
-    (cattrs hooks in ``_convert``) are resolved there against their own module, not this one.
+    ``__getattr__``. A class's annotations stay tied to the module they were written in
+    (:func:`~rollout_trio._util.fixup_module_metadata`), so cattrs and ``get_type_hints``
+    resolve them whichever name loaded first.
     """
     module_name, attribute = _LAZY[name]
     module = _importlib.import_module(module_name, __name__)
     if attribute is None:
         return module
+    wanted = getattr(module, attribute)  # first: a lazy subpackage (executor) loads it now
     values: dict[str, _typing.Any] = {}
     for other, (other_module, other_attribute) in _LAZY.items():
         if other_attribute is None or other in globals():
@@ -250,10 +255,12 @@ def _load(name: str) -> _typing.Any:
         spec = getattr(loaded, "__spec__", None)
         if loaded is None or getattr(spec, "_initializing", False):
             continue  # not imported, or still importing (a cycle): its names wait for their own lookup
-        values[other] = getattr(loaded, other_attribute)
+        value = vars(loaded).get(other_attribute, _MISSING)  # a lazy subpackage's unloaded name stays unloaded
+        if value is not _MISSING:
+            values[other] = value
     globals().update(values)
     _fixup_module_metadata(__name__, values)
-    return getattr(module, attribute)
+    return wanted
 
 
 if not _typing.TYPE_CHECKING:  # hidden from type checkers, which would otherwise accept any attribute

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from typing import Any
 
 
@@ -75,3 +76,37 @@ class LazyModule:
 
     def __repr__(self) -> str:
         return f"<module {self._name!r}, imported on first use>"
+
+
+def lazy_names(
+    package: str, table: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` for public names imported on first use (PEP 562).
+
+    Each name imports only the private module that defines it, then reports the package as
+    its module (:func:`fixup_module_metadata`) and stays in the package's namespace, so
+    later lookups skip ``__getattr__``.
+
+    Args:
+        package: the package's ``__name__``.
+        table: public name -> the private module defining it, relative (``"._dump"``).
+        namespace: the package's ``globals()``.
+
+    Returns:
+        ``(__getattr__, __dir__)``, to assign at the package's top level.
+    """
+    import importlib
+
+    def __getattr__(name: str) -> Any:
+        module = table.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, package), name)
+        fixup_module_metadata(package, {name: value})
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *table})
+
+    return __getattr__, __dir__

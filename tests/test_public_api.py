@@ -61,7 +61,7 @@ def test_root_all_lists_exactly_the_public_names():
     assert sorted(rollout_trio.__all__) == sorted(public)
 
 
-@pytest.mark.parametrize("package", ["engines", "server", "testing", "workflows"])
+@pytest.mark.parametrize("package", ["engines", "executor", "observe", "server", "testing", "workflows"])
 def test_subpackage_names_report_their_public_module(package):
     mod = __import__(f"rollout_trio.{package}", fromlist=["__all__"])
     checked = 0
@@ -191,3 +191,30 @@ def test_type_checkers_see_the_same_names_the_root_loads():
                     seen[alias.name] = (module, alias.name) if imp.module else (module + alias.name, None)
     assert seen == rollout_trio._LAZY
     assert sorted(seen) == sorted(rollout_trio.__all__)
+
+
+@pytest.mark.parametrize("package", ["executor", "observe"])
+def test_lazy_subpackages_load_a_name_with_its_own_module_only(package):
+    """Issue 31: ``rollout-trio top`` reads ``executor._dump_records`` and ``observe._snapshot``
+    without the executor, the metrics server or torch; every name still loads and is listed."""
+    out = _in_fresh_python(
+        "import sys\n"
+        f"import rollout_trio.{package} as pkg\n"
+        f"print(sorted(m for m in sys.modules if m.startswith('rollout_trio.{package}.')), 'torch' in sys.modules)\n"
+        "ns = {}\n"
+        f"exec('from rollout_trio.{package} import *', ns)\n"
+        "print(sorted(n for n in ns if not n.startswith('_')) == sorted(pkg.__all__), set(pkg.__all__) <= set(dir(pkg)))\n"
+    )
+    assert out.splitlines() == ["[] False", "True True"]
+
+
+@pytest.mark.parametrize("order", ["server, agents", "agents, server"])
+def test_a_name_two_subpackages_export_reports_its_home_whichever_loads_first(order):
+    """``ServerLimits`` is exported by ``server`` and ``agents``; it reported whichever was
+    imported last (exposed once the root stopped importing the agents on its first name)."""
+    out = _in_fresh_python(
+        f"import rollout_trio.{order.split(', ')[0]}, rollout_trio.{order.split(', ')[1]}\n"
+        "from rollout_trio import agents, server\n"
+        "print(server.ServerLimits is agents.ServerLimits, server.ServerLimits.__module__)\n"
+    )
+    assert out.split() == ["True", "rollout_trio.server"]
