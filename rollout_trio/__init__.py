@@ -4,12 +4,14 @@ Workflows are plain ``async def workflow(engine, data)`` functions (or classes w
 ``arun_episode``) that return a :class:`Trajectory`, a plain tensor dict, a dict of
 :class:`Interaction` objects, or ``None`` to reject the rollout.
 
-The names below load on first use (``rollout_trio.Trajectory``, ``from rollout_trio import
-Trajectory``): ``import rollout_trio`` alone imports neither torch nor transformers, so the
-``rollout-trio`` command answers ``--help`` at once.
+The names below load on first use, each with its own module only (``rollout_trio.Trajectory``,
+``from rollout_trio import Trajectory``): ``import rollout_trio`` alone imports neither torch
+nor transformers, and ``Trajectory`` imports torch only when a tensor is checked or made, so
+the ``rollout-trio`` command answers ``--help`` at once.
 """
 
 import importlib as _importlib
+import sys as _sys
 import typing as _typing
 
 from ._util import fixup_module_metadata as _fixup_module_metadata
@@ -227,32 +229,47 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def _load() -> None:
-    """Import every public name, then make each report ``rollout_trio`` as its module.
+_MISSING = object()
 
-    All at once, as the eager imports did: a name rewritten to ``rollout_trio`` before
-    another module has read its annotations would send them to this namespace, so the
-    rewrite waits until every module is in, and leaves every public name here.
+
+def _load(name: str) -> _typing.Any:
+    """Import the module of one public name, then make the loaded names report ``rollout_trio``.
+
+    Only that name's module (and what it imports) loads: ``from rollout_trio import
+    Trajectory`` does not import the executor, the agents or torch. Every public name whose
+    module is fully imported by then is rewritten and kept here, so later lookups skip
+    ``__getattr__``. A class's annotations stay tied to the module they were written in
+    (:func:`~rollout_trio._util.fixup_module_metadata`), so cattrs and ``get_type_hints``
+    resolve them whichever name loaded first.
     """
+    module_name, attribute = _LAZY[name]
+    module = _importlib.import_module(module_name, __name__)
+    if attribute is None:
+        return module
+    wanted = getattr(module, attribute)  # first: a lazy subpackage (executor) loads it now
     values: dict[str, _typing.Any] = {}
-    for name, (module_name, attribute) in _LAZY.items():
-        module = _importlib.import_module(module_name, __name__)
-        values[name] = module if attribute is None else getattr(module, attribute)
-    globals().update(values)  # later lookups skip __getattr__
+    for other, (other_module, other_attribute) in _LAZY.items():
+        if other_attribute is None or other in globals():
+            continue
+        loaded = _sys.modules.get(__name__ + other_module if other_module.startswith(".") else other_module)
+        spec = getattr(loaded, "__spec__", None)
+        if loaded is None or getattr(spec, "_initializing", False):
+            continue  # not imported, or still importing (a cycle): its names wait for their own lookup
+        value = vars(loaded).get(other_attribute, _MISSING)  # a lazy subpackage's unloaded name stays unloaded
+        if value is not _MISSING:
+            values[other] = value
+    globals().update(values)
     _fixup_module_metadata(__name__, values)
+    return wanted
 
 
 if not _typing.TYPE_CHECKING:  # hidden from type checkers, which would otherwise accept any attribute
 
     def __getattr__(name: str) -> _typing.Any:
-        """The first public name used imports them all (a module alone: ``from . import workflow_context``)."""
+        """A public name imports its own module on first use (a module alone: ``from . import workflow_context``)."""
         if name not in _LAZY:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        module_name, attribute = _LAZY[name]
-        if attribute is None:
-            return _importlib.import_module(module_name, __name__)
-        _load()
-        return globals()[name]
+        return _load(name)
 
 
 def __dir__() -> list[str]:

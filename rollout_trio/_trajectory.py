@@ -33,15 +33,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from ._errors import RewardValueError, WorkflowContractError
 from ._images import check_multi_modal_input, placeholder_runs
 from ._io import ModelResponse
 from ._rollout_group import FLOAT32_MAX, RolloutGroup, as_reward_scalar
+from ._util import LazyModule
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads when a tensor is checked or made, not when the name is imported
+    torch = LazyModule("torch", globals())
 
 __all__ = ["Trajectory"]
 

@@ -461,6 +461,15 @@ BEFORE_TORCH = {
     ("run", "--groups", "0"): (2, "--groups: must be an integer >= 1"),
     ("serve", "--host", "0.0.0.0"): (2, "refusing to bind 0.0.0.0 without an api key"),
     ("fleet", "--segment-tokens", "0"): (2, "--segment-tokens: must be an integer >= 1"),
+    # issue 31: every command's unknown flag, and a missing argument, answer before torch too
+    ("run", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("serve", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("fleet", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("inspect", "/tmp", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("replay", "/tmp", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("top", "/tmp", "--bogus"): (2, "unrecognized arguments: --bogus"),
+    ("inspect",): (2, "the following arguments are required: DUMP_DIR"),
+    ("top",): (2, "the following arguments are required: ADDRESS"),
 }
 
 
@@ -566,3 +575,33 @@ def test_the_console_script_leaves_at_once_but_runs_atexit_and_flushes_a_pipe():
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert light.stdout.endswith("\nexit 0\n"), light.stdout + light.stderr
+
+
+@pytest.mark.parametrize("module", ["rollout_trio", "rollout_trio.cli"])
+def test_python_m_runs_the_command_and_a_bad_flag_is_its_one_usage_line(module):
+    """Issue 31: ``python -m rollout_trio.cli`` is the command too (it was 'cannot be directly executed')."""
+    version = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=120)
+    from rollout_trio import __version__
+
+    assert (version.returncode, version.stdout) == (0, f"rollout-trio {__version__}\n"), version.stderr
+    bad = subprocess.run([sys.executable, "-m", module, "top", "/tmp", "--bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == ["rollout-trio top: error: unrecognized arguments: --bogus (see rollout-trio top --help)"]
+
+
+def test_a_bad_flag_imports_neither_trio_nor_httpx_nor_torch():
+    """Issue 31: a usage error is argparse's work only; the event loop and the HTTP client wait for a command that runs."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from rollout_trio.cli import COMMANDS, main\n"
+        "said = {}\n"
+        "for command in COMMANDS:\n"
+        "    argv = [command, *(['/tmp'] if command in ('inspect', 'replay', 'top') else []), '--bogus']\n"
+        "    with contextlib.redirect_stderr(io.StringIO()):\n"
+        "        status = main(argv)\n"
+        "    said[command] = [status, sorted(m for m in ('torch', 'transformers', 'trio', 'httpx') if m in sys.modules)]\n"
+        "print(json.dumps(said))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {command: [2, []] for command in COMMANDS}

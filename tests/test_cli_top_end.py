@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import signal
@@ -98,3 +99,58 @@ def test_top_says_what_it_showed_when_stopped(tmp_path, signum, status, how):
         os.close(leader)
     assert proc.returncode == status, err
     assert re.fullmatch(rf"rollout-trio top: {how}; showed {re.escape(str(tmp_path))} for \d+\.\d s", err.strip()), err
+
+
+# -- issue 31: top's first frame does not wait for torch ------------------------------------
+
+_FRAME_THEN_MODULES = (
+    "import contextlib, io, json, sys\n"
+    "from rollout_trio.cli import main\n"
+    "out = io.StringIO()\n"
+    "with contextlib.redirect_stdout(out):\n"
+    "    status = main(['top', sys.argv[1], '--once'])\n"
+    "print(json.dumps([status, out.getvalue(), sorted(m for m in ('torch', 'transformers') if m in sys.modules)]))\n"
+)
+
+
+class _Scrapes(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(_METRICS)))
+        self.end_headers()
+        self.wfile.write(_METRICS)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _top_once(address: str) -> tuple[int, str, list[str]]:
+    env = dict(os.environ, COLUMNS="100")
+    proc = subprocess.run([sys.executable, "-c", _FRAME_THEN_MODULES, address], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    status, frame, loaded = json.loads(proc.stdout.splitlines()[-1])
+    return status, frame, loaded
+
+
+def test_top_shows_a_metrics_frame_without_importing_torch():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Scrapes)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        host, port = server.server_address[:2]
+        status, frame, loaded = _top_once(f"{host}:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (status, loaded) == (0, []), frame
+    assert f"http://{host}:{port}" in frame and "submitted" in frame
+
+
+def test_top_shows_a_dump_frame_without_importing_torch(tmp_path):
+    from tests.dump_helpers import write_dump_sync
+
+    write_dump_sync(tmp_path, groups=2, group_size=2, versions=1)
+    status, frame, loaded = _top_once(str(tmp_path))
+    assert (status, loaded) == (0, []), frame
+    assert "accepted" in frame and "reward by weight version" in frame

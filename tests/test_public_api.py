@@ -61,7 +61,7 @@ def test_root_all_lists_exactly_the_public_names():
     assert sorted(rollout_trio.__all__) == sorted(public)
 
 
-@pytest.mark.parametrize("package", ["engines", "server", "testing", "workflows"])
+@pytest.mark.parametrize("package", ["engines", "executor", "observe", "server", "testing", "workflows"])
 def test_subpackage_names_report_their_public_module(package):
     mod = __import__(f"rollout_trio.{package}", fromlist=["__all__"])
     checked = 0
@@ -122,7 +122,40 @@ def test_importing_the_root_imports_neither_torch_nor_transformers():
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
         "print(rollout_trio.Trajectory.__module__, 'torch' in sys.modules)\n"
     )
-    assert out.splitlines() == ["[]", "rollout_trio True"]
+    assert out.splitlines() == ["[]", "rollout_trio False"]
+
+
+def test_reading_trajectory_imports_only_its_own_modules_and_torch_waits_for_a_tensor():
+    """Issue 31: the first public name loads its module alone; torch comes with the first tensor."""
+    out = _in_fresh_python(
+        "import sys\n"
+        "from rollout_trio import Trajectory\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'trio', 'httpx', 'rollout_trio.executor') if m in sys.modules))\n"
+        "import torch\n"
+        "t = Trajectory(input_ids=torch.tensor([[1, 2]]), attention_mask=torch.tensor([[1, 1]]))\n"
+        "print(t.attention_mask.dtype, Trajectory.__module__)\n"
+        "try:\n"
+        "    Trajectory(input_ids=[[1, 2]], attention_mask=torch.ones(1, 2, dtype=torch.bool))\n"
+        "except ValueError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    assert out.splitlines() == ["[]", "torch.bool rollout_trio", "WorkflowContractError"]
+
+
+@pytest.mark.parametrize("first", ["ModelRequest", "Trajectory", "GenerationConfig", "RolloutGroup"])
+def test_names_loaded_one_module_at_a_time_still_convert_and_resolve_their_annotations(first):
+    """A class already reporting ``rollout_trio`` keeps its annotations' own module for cattrs
+    (``_convert`` loads after it) and for ``typing.get_type_hints``."""
+    out = _in_fresh_python(
+        "import typing, torch, rollout_trio\n"
+        f"getattr(rollout_trio, {first!r})\n"
+        "from rollout_trio import GenerationConfig, ModelRequest, RolloutGroup, Trajectory, from_json, to_json\n"
+        "r = ModelRequest(input_ids=[1, 2], gconfig=GenerationConfig(max_new_tokens=3))\n"
+        "t = Trajectory(input_ids=torch.tensor([[1]]), attention_mask=torch.tensor([[True]]), rollout_group=RolloutGroup((1,)))\n"
+        "print(from_json(to_json(r), ModelRequest).gconfig.max_new_tokens, from_json(to_json(t), Trajectory).rollout_group.row_counts)\n"
+        "print(typing.get_type_hints(Trajectory)['input_ids'].__name__, typing.get_type_hints(ModelRequest)['gconfig'].__name__)\n"
+    )
+    assert out.splitlines() == ["3 (1,)", "Tensor GenerationConfig"]
 
 
 def test_star_import_and_dir_give_every_public_name():
@@ -158,3 +191,30 @@ def test_type_checkers_see_the_same_names_the_root_loads():
                     seen[alias.name] = (module, alias.name) if imp.module else (module + alias.name, None)
     assert seen == rollout_trio._LAZY
     assert sorted(seen) == sorted(rollout_trio.__all__)
+
+
+@pytest.mark.parametrize("package", ["executor", "observe"])
+def test_lazy_subpackages_load_a_name_with_its_own_module_only(package):
+    """Issue 31: ``rollout-trio top`` reads ``executor._dump_records`` and ``observe._snapshot``
+    without the executor, the metrics server or torch; every name still loads and is listed."""
+    out = _in_fresh_python(
+        "import sys\n"
+        f"import rollout_trio.{package} as pkg\n"
+        f"print(sorted(m for m in sys.modules if m.startswith('rollout_trio.{package}.')), 'torch' in sys.modules)\n"
+        "ns = {}\n"
+        f"exec('from rollout_trio.{package} import *', ns)\n"
+        "print(sorted(n for n in ns if not n.startswith('_')) == sorted(pkg.__all__), set(pkg.__all__) <= set(dir(pkg)))\n"
+    )
+    assert out.splitlines() == ["[] False", "True True"]
+
+
+@pytest.mark.parametrize("order", ["server, agents", "agents, server"])
+def test_a_name_two_subpackages_export_reports_its_home_whichever_loads_first(order):
+    """``ServerLimits`` is exported by ``server`` and ``agents``; it reported whichever was
+    imported last (exposed once the root stopped importing the agents on its first name)."""
+    out = _in_fresh_python(
+        f"import rollout_trio.{order.split(', ')[0]}, rollout_trio.{order.split(', ')[1]}\n"
+        "from rollout_trio import agents, server\n"
+        "print(server.ServerLimits is agents.ServerLimits, server.ServerLimits.__module__)\n"
+    )
+    assert out.split() == ["True", "rollout_trio.server"]

@@ -15,7 +15,7 @@ export style::
 from .._util import fixup_module_metadata as _fixup_module_metadata
 from ._endpoint import OpenAIEndpoint as OpenAIEndpoint
 from ._schema import APIError as APIError
-from .._http import ServerLimits as ServerLimits
+from ..server import ServerLimits as ServerLimits  # its home is rollout_trio.server, whichever loads first
 from ._server import serve_app as serve_app
 from ._session import AgentSession as AgentSession
 from ._session import assign_rewards as assign_rewards
@@ -33,5 +33,5 @@ __all__ = [
     "serve_app",
 ]
 
-_fixup_module_metadata(__name__, globals())
+_fixup_module_metadata(__name__, {k: v for k, v in globals().items() if k != "ServerLimits"})
 del _fixup_module_metadata

@@ -35,10 +35,16 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
-import trio
+
+from .._util import LazyModule
+
+if TYPE_CHECKING:
+    import trio
+else:  # a usage error or a missing path answers without importing trio (issue 31)
+    trio = LazyModule("trio", globals())
 
 __all__ = [
     "EXIT_FAILURE",

@@ -34,12 +34,11 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import httpx
-import trio
 
+from .._util import LazyModule
 from .._bounded import aread_response, loads_json
 from . import _fleet_key
 from ._common import (
@@ -54,6 +53,13 @@ from ._common import (
     check_model_dir,
     run_command,
 )
+
+if TYPE_CHECKING:
+    import httpx
+    import trio
+else:  # a usage error answers without importing them (issue 31)
+    httpx = LazyModule("httpx", globals())
+    trio = LazyModule("trio", globals())
 
 __all__ = ["fleet_main", "plain_line"]
 
@@ -186,8 +192,8 @@ class Child:
     process: trio.Process | None = None
     url: str | None = None
     last_error: str = ""
-    listening: trio.Event = attrs.field(factory=trio.Event)
-    exited: trio.Event = attrs.field(factory=trio.Event)
+    listening: trio.Event = attrs.field(factory=lambda: trio.Event())  # trio loads when a fleet starts
+    exited: trio.Event = attrs.field(factory=lambda: trio.Event())
     stopping: bool = False
 
     @property

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import trio
 
+from .._util import LazyModule
 from ._common import (
     Parser,
     check_dump_path,
@@ -36,10 +36,14 @@ from ._common import (
 )
 
 if TYPE_CHECKING:  # at run time these load inside the functions: `replay --help` imports no torch
+    import trio
+
     from .._trajectory import Trajectory
     from .._workflow import RolloutWorkflow
     from ..engines import ReplayEngine
     from ..executor import DumpRecord
+else:  # a usage error answers without importing trio (issue 31)
+    trio = LazyModule("trio", globals())
 
 __all__ = ["compare_row", "load_workflow", "replay_main", "replay_task"]
 

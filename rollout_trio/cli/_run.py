@@ -12,8 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-import trio
-
+from .._util import LazyModule
 from ._common import (
     CommandError,
     Parser,
@@ -35,9 +34,12 @@ from ._common import (
 
 if TYPE_CHECKING:
     import torch
+    import trio
 
     from ..engines import LocalEngine
     from ..executor import TaskOutcome
+else:  # a usage error answers without importing trio (issue 31)
+    trio = LazyModule("trio", globals())
 
 __all__ = ["run_main"]
 

@@ -19,10 +19,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
+from .._util import LazyModule
 from ._common import (
     EXIT_INTERRUPTED,
     TINY_VLM,
@@ -43,6 +42,11 @@ from ._common import (
     setup_logging,
     starting,
 )
+
+if TYPE_CHECKING:
+    import trio
+else:  # a usage error answers without importing trio (issue 31)
+    trio = LazyModule("trio", globals())
 
 __all__ = ["serve_main"]
 

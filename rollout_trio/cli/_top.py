@@ -167,7 +167,7 @@ class DumpSource:
                 entry[1] += reward
 
     def read(self) -> dict[str, Any]:
-        from ..executor._dump import SCOPES
+        from ..executor._dump_records import SCOPES
 
         if not self.root.is_dir():
             raise CommandError(f"{self.root}: no such dump directory")
