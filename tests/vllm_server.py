@@ -2,7 +2,8 @@
 the flags docs/remote.md names, serving a tiny model saved from a config.
 
 ``ROLLOUT_TRIO_VLLM_URL`` names a server someone else runs instead (then nothing here is
-started, and the tests that kill and restart the server skip)."""
+started, and the tests that kill and restart the server skip). The fixtures at the end give
+every live module one server per test session (tests/conftest.py imports them)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import vllm_env  # noqa: E402
+from bench import vllm_env
 
 START_DEADLINE_S = 600.0  # vLLM's CPU start (compile and warm-up) takes 60-120 s on 2 idle cores
 
@@ -92,3 +94,42 @@ class VLLMServer:
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+
+
+URL_ENV = "ROLLOUT_TRIO_VLLM_URL"
+
+
+def available() -> bool:
+    """Whether a live server can be had: one named by ROLLOUT_TRIO_VLLM_URL, or the environment to start one."""
+    return bool(os.environ.get(URL_ENV)) or vllm_env.ready()
+
+
+SKIP_REASON = f"no real vLLM server: set {URL_ENV}, or build one with `python -m bench.vllm_env`"
+
+
+@pytest.fixture(scope="session")
+def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny model's base checkpoint, and one with other weights of the same shapes."""
+    root = tmp_path_factory.mktemp("vllm-ckpt")
+    return save_tiny_checkpoint(root / "base"), save_tiny_checkpoint(root / "other", perturb_seed=5)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The session's server: None when ROLLOUT_TRIO_VLLM_URL names one, else one started here
+    on the base checkpoint (killed at the end of the session)."""
+    if os.environ.get(URL_ENV):
+        yield None
+        return
+    srv = VLLMServer(vllm_checkpoints[0], tmp_path_factory.mktemp("vllm-log") / "vllm.log")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_server: VLLMServer | None) -> str:
+    """The base URL of the server the live tests talk to."""
+    return vllm_server.url if vllm_server is not None else os.environ[URL_ENV]

@@ -33,9 +33,9 @@ import re
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import attrs
 
@@ -575,6 +575,18 @@ def starting() -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         raise InterruptedWhileStarting() from None
+
+
+T = TypeVar("T")
+
+
+def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run(fn, *args)``, with trio's import counted as start-up: the command modules
+    load trio lazily (a usage error needs none of it), so a Ctrl-C while it loads is
+    "interrupted while starting", as one during torch's is."""
+    with starting():
+        import trio
+    return trio.run(fn, *args)
 
 
 @attrs.define

@@ -38,20 +38,21 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._util import LazyModule
 from .._bounded import aread_response, loads_json
+from .._util import LazyModule
 from . import _fleet_key
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
     Parser,
+    check_device,
+    check_model_dir,
     non_negative_float,
     port,
     positive_float,
     positive_int,
-    check_device,
-    check_model_dir,
     run_command,
+    run_trio,
 )
 
 if TYPE_CHECKING:
@@ -531,7 +532,7 @@ def _main(args: argparse.Namespace) -> int:
         from ..ray._cli import serve_ray_fleet
 
         return serve_ray_fleet(args, args.worker_options)
-    return trio.run(_serve_fleet, args, args.worker_options)
+    return run_trio(_serve_fleet, args, args.worker_options)
 
 
 def fleet_main(argv: Sequence[str]) -> int:

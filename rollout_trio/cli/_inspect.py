@@ -12,7 +12,15 @@ import attrs
 
 from .._limits import MAX_DUMP_LINE_BYTES as MAX_LINE_BYTES
 from .._terminal import terminal_safe
-from ._common import CommandError, Parser, check_dump_path, load_tokenizer, positive_int, run_command, starting
+from ._common import (
+    CommandError,
+    Parser,
+    check_dump_path,
+    load_tokenizer,
+    positive_int,
+    run_command,
+    starting,
+)
 
 if TYPE_CHECKING:  # at run time the reader loads inside _inspect: `inspect --help` imports no torch
     from ..executor import DumpRecord

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..executor import DumpRecord
-from ._inspect import DumpSummary, completion_tokens, histogram, number
+from ._inspect import DumpSummary, completion_tokens, number
 
 __all__ = ["esc", "render_page"]
 

@@ -32,6 +32,7 @@ from ._common import (
     non_negative_int,
     positive_int,
     run_command,
+    run_trio,
     starting,
 )
 
@@ -184,8 +185,7 @@ def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> Roll
     from .._workflow import resolve_workflow
 
     if spec is None:
-        from ..workflows import rlvr_workflow
-        from ..workflows import arithmetic_reward
+        from ..workflows import arithmetic_reward, rlvr_workflow
 
         return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
     obj = import_object(spec)
@@ -303,7 +303,7 @@ def _main(args: argparse.Namespace) -> int:
             from ..models import byte_tokenizer
 
             tokenizer = byte_tokenizer()
-    return trio.run(_replay, args, tokenizer)
+    return run_trio(_replay, args, tokenizer)
 
 
 def replay_main(argv: Sequence[str]) -> int:

@@ -25,10 +25,11 @@ from ._common import (
     load_model_and_tokenizer,
     non_negative_float,
     non_negative_int,
-    positive_float,
     port,
+    positive_float,
     positive_int,
     run_command,
+    run_trio,
     starting,
 )
 
@@ -230,7 +231,14 @@ async def _run(args: argparse.Namespace) -> int:
         from .._config import GenerationConfig
         from .._stats import StatsRecorder
         from ..executor import RolloutConfig, open_executor
-        from ..workflows import VisionRLVRWorkflow, arithmetic_prompts, arithmetic_reward, colour_prompts, colour_reward, rlvr_workflow
+        from ..workflows import (
+            VisionRLVRWorkflow,
+            arithmetic_prompts,
+            arithmetic_reward,
+            colour_prompts,
+            colour_reward,
+            rlvr_workflow,
+        )
     make_prompts = colour_prompts if args.task == "vision" else arithmetic_prompts
     prompts = [dict(p, index=k) for k, p in enumerate(make_prompts(args.groups, seed=args.seed))]
     stats = StatsRecorder()
@@ -266,7 +274,6 @@ async def _run(args: argparse.Namespace) -> int:
         recorder = None
         if args.trace is not None:
             from ..observe import TraceRecorder
-
             from ..phases import add_phase_listener, remove_phase_listener
 
             recorder = TraceRecorder()
@@ -347,7 +354,7 @@ def _main(args: argparse.Namespace) -> int:
             os.makedirs(args.dump, exist_ok=True)
         except OSError as exc:
             raise CommandError(f"--dump {args.dump}: cannot create the directory: {exc.strerror}") from exc
-    return trio.run(_run, args)
+    return run_trio(_run, args)
 
 
 def run_main(argv: Sequence[str]) -> int:

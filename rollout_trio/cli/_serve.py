@@ -39,6 +39,7 @@ from ._common import (
     positive_float,
     positive_int,
     run_command,
+    run_trio,
     setup_logging,
     starting,
 )
@@ -299,7 +300,7 @@ def _main(args: argparse.Namespace) -> int:
     check_device(args.device)
     setup_logging(args.log_level)
     received: list[int] = []
-    trio.run(_serve, args, received)
+    run_trio(_serve, args, received)
     return EXIT_INTERRUPTED if received == [signal.SIGINT] else 0
 
 
