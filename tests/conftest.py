@@ -1,4 +1,4 @@
-from pathlib import Path
+import importlib.util
 
 import pytest
 import torch
@@ -10,14 +10,40 @@ torch.set_num_threads(1)
 from .vllm_server import vllm_checkpoints, vllm_server, vllm_url  # noqa: F401
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+# Under pytest-xdist (the README's test command runs -n 4), each module of tests/ runs on one
+# worker, so its module-scoped servers and clusters start once, and the live vLLM modules
+# share a worker and so the session's one server; props/ is spread test by test. (A scheduler
+# of our own: xdist's loadgroup marks do not reach its scheduler under pytest 9.2.)
+LIVE_VLLM_MODULES = {"tests/test_vllm_live.py", "tests/test_vllm_group_props.py"}
+
+
+def _scope(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("props/"):
+        return nodeid
+    return "vllm" if module in LIVE_VLLM_MODULES else module
+
+
+# The longest scopes start first, so that none of them is the run's tail.
+LONGEST_FIRST = [
+    "tests/test_ray_fleet.py", *sorted(LIVE_VLLM_MODULES), "tests/test_fleet_router.py", "tests/test_hostile_http.py",
+    "tests/test_areal_compat.py", "tests/test_reward_boundary.py", "tests/test_observe.py", "tests/test_run_command.py",
+]  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup`` (the README's test command), each module of
-    tests/ runs on one worker, so its module-scoped servers and clusters start once; the live
-    vLLM modules share one group, and so one server. props/ is spread test by test."""
-    tests_dir = Path(__file__).parent
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None or tests_dir not in item.path.parents:
-            continue
-        group = "vllm" if item.get_closest_marker("vllm") else item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Run the longest modules first (only the order changes; every test still runs)."""
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
+        """Our scheduling for the default ``--dist load``; any other --dist is xdist's own."""
+        return _ModuleScheduling(config, log) if config.getvalue("dist") == "load" else None

@@ -275,6 +275,8 @@ async def test_cancelling_an_asyncio_agent_on_the_real_engine_drops_its_request(
             while not engine.statistics().live_rids:
                 await trio.sleep(0.01)
             [rid] = engine.statistics().live_rids
+            while engine.statistics().steps_per_rid.get(rid, 0) < 1:  # generating, not only admitted
+                await trio.sleep(0.01)
             n.cancel_scope.cancel()
         stats = engine.statistics()
         assert rid not in stats.live_rids and 0 < stats.steps_per_rid.get(rid, 0) < 4096

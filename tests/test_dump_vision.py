@@ -48,7 +48,8 @@ async def dumped_run(tiny, root: Path, colours: list[str], group_size: int) -> l
         trial_name="t",
     )
     wf = VisionRLVRWorkflow(colour_reward, GCONFIG, processor=processor)
-    async with LocalEngine(model, processor.tokenizer) as engine:
+    # Seeded: an unseeded sample can be the image placeholder, and the workflow rejects that row.
+    async with LocalEngine(model, processor.tokenizer, seed=0) as engine:
         async with open_executor(engine, cfg, tokenizer=processor.tokenizer) as ex:
             batch = await ex.rollout_batch([task(c) for c in colours], wf, group_size=group_size, progress=False)
     return batch

@@ -51,6 +51,10 @@ def checkpoints(vllm_checkpoints: tuple[Path, Path]) -> tuple[Path, Path]:
 PROMPT = [1, 2, 3]
 # Long enough that a request is still running when the test acts on it (about 2 s here).
 LONG = 480
+# For the abort tests: long enough (about 9 s unaborted) that an abort lands first even on a
+# loaded machine, and that vLLM's request gauges, which trail its scheduler by a second or
+# more, show the server holding the requests before the test cancels them.
+LONGEST = 2000  # within --max-model-len 2048 with the 3-token prompt
 
 
 def engine(**kw) -> RemoteEngine:  # type: ignore[no-untyped-def]
@@ -112,11 +116,6 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
     """Poll the server's state until ``check()`` holds (the caller's deadline bounds it)."""
     while not await check():
         await trio.sleep(0.05)
-
-
-# vLLM's request gauges trail the scheduler by a second or more here: the cancelled requests
-# run long enough (about 9 s unaborted) that the test sees the server hold them first.
-LONGEST = 2000  # within --max-model-len 2048 with the 3-token prompt
 
 
 async def test_cancelled_requests_are_aborted_on_the_server() -> None:
@@ -185,8 +184,8 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
     from rollout_trio.engines._vllm import VLLMBackend
 
     backend = VLLMBackend("tito")
-    g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
-    gen = backend.generate(PROMPT, g, max_new=LONG, min_new=0, rid="live-abort-id")
+    g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
+    gen = backend.generate(PROMPT, g, max_new=LONGEST, min_new=0, rid="live-abort-id")
     abort = backend.abort("live-abort-id")
     assert abort is not None
     base = URL.rstrip("/")
@@ -206,7 +205,7 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
                     assert r.status_code == 200
                     await trio.sleep(0.05)
     seg = backend.parse(result["r"].json())
-    assert seg.stop_reason == "abort" and len(seg.tokens) < LONG
+    assert seg.stop_reason == "abort" and len(seg.tokens) < LONGEST
 
 
 # ------------------------------------------------------------- weights, and a server that dies
