@@ -41,7 +41,8 @@ SERVE = ["--threads", "1", "--seed", "0", "--segment-tokens", "4", "--step-delay
 
 
 def processes(pattern: str) -> list[int]:
-    """Pids whose command line contains ``pattern`` (this namespace shares the host's pids)."""
+    """Pids whose command line contains ``pattern``: this scenario's own (it runs in a pid
+    namespace of its own, test_ray_fleet.UNSHARE)."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():

@@ -1,7 +1,7 @@
 """rollout_trio.ray (issue 33): a fleet placed by Ray on a real multi-node cluster.
 
 The cluster test runs tests/ray_scenario.py in a network namespace of its own that has only
-loopback (``unshare --net``): Ray binds to the host's network address even when told
+loopback (``unshare --net``; and its own pids, ``--pid``): Ray binds to the host's network address even when told
 127.0.0.1, and nothing here may send traffic anywhere but loopback. It needs root (as CI
 has) and Ray (the test extra installs it); elsewhere it says why it skips.
 
@@ -152,10 +152,16 @@ def _namespace_unavailable() -> str | None:
         return "Ray is not installed (pip install -e '.[ray]')"
     if os.geteuid() != 0:
         return "needs root for a loopback-only network namespace (unshare --net)"
-    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
+    probe = subprocess.run([*UNSHARE, "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
     if probe.returncode != 0:
         return f"unshare --net failed here: {probe.stderr.strip()[:200]}"
     return None
+
+
+# A network namespace with only loopback, and a pid namespace of its own, so that the
+# scenario's count of servers left running sees only its own processes (the other tests, on
+# other xdist workers, start servers of the same name).
+UNSHARE = ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +173,7 @@ def scenario(tmp_path_factory):
     out = tmp_path_factory.mktemp("ray") / "out.json"
     command = f"ip link set lo up && exec {sys.executable} -m tests.ray_scenario {out}"
     run = subprocess.run(
-        ["unshare", "--net", "sh", "-c", command],
+        [*UNSHARE, "sh", "-c", command],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=ROOT, RAY_USAGE_STATS_ENABLED="0"),
         capture_output=True,

@@ -51,9 +51,10 @@ def checkpoints(vllm_checkpoints: tuple[Path, Path]) -> tuple[Path, Path]:
 PROMPT = [1, 2, 3]
 # Long enough that a request is still running when the test acts on it (about 2 s here).
 LONG = 480
-# For the abort tests: long enough (about 9 s unaborted) that an abort lands first even on a
-# loaded machine, and that vLLM's request gauges, which trail its scheduler by a second or
-# more, show the server holding the requests before the test cancels them.
+# For the abort tests: long enough (seconds unaborted) that an abort lands first even on a
+# loaded machine, and that vLLM's request gauges (refreshed every VLLM_LOG_STATS_INTERVAL,
+# 0.5 s on the server started here) show the server holding the requests before the test
+# cancels them.
 LONGEST = 2000  # within --max-model-len 2048 with the 3-token prompt
 
 

@@ -59,7 +59,10 @@ class VLLMServer:
 
     def start(self) -> None:
         """Start the server and wait until ``/health`` answers 200 (or raise, with its log's end)."""
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+        # VLLM_LOG_STATS_INTERVAL: its /metrics gauges (requests running, waiting) are refreshed
+        # when it logs its stats, every 10 s by default: the abort test waits on them.
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+                   VLLM_LOG_STATS_INTERVAL="0.5")
         argv = [
             str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--host", "127.0.0.1", "--port", str(self.port), "--enable-scale-out",

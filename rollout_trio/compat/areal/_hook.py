@@ -162,9 +162,10 @@ def install(sources: str | os.PathLike[str] | None = None, from_source: Sequence
     options = (os.fspath(sources) if sources is not None else None, tuple(from_source))
     if _finder is None:
         _finder = ArealFinder(*options)
-        sys.meta_path.insert(0, _finder)
     else:
         _finder.sources, _finder.from_source = options
+    if _finder not in sys.meta_path:  # new, or taken off by code that reset sys.meta_path
+        sys.meta_path.insert(0, _finder)
     return True
 
 
@@ -185,7 +186,8 @@ def uninstall() -> None:
     global _finder
     if _finder is None:
         return
-    sys.meta_path.remove(_finder)
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
     _finder = None
     for name in [n for n in sys.modules if n == "areal" or n.startswith("areal.")]:
         del sys.modules[name]
