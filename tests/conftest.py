@@ -31,9 +31,26 @@ LONGEST_FIRST = [
 ]  # fmt: skip
 
 
+# Modules of subprocesses, servers and clusters (about 80% of the suite's time): marked slow,
+# so that `-m "not slow"` is the edit loop's quick subset (README, "Developing").
+SLOW_MODULES = {
+    *LIVE_VLLM_MODULES, *(f"tests/test_{name}.py" for name in (
+        "ray_fleet", "run_command", "hostile_http", "hostile_serve", "server", "areal_compat", "areal_differential",
+        "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "remote_router", "run_vision",
+        "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
+        "executor_engines",
+    )),
+    "props/test_executor_machine.py", "props/test_group_local_props.py",
+}  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the longest modules first (only the order changes; every test still runs)."""
+    """Mark the slow modules' tests ``slow``, and run the longest modules first (only the
+    order changes; every test still runs)."""
     rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    for item in items:
+        if item.nodeid.split("::", 1)[0] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
