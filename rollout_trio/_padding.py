@@ -165,8 +165,7 @@ def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
             else:
                 out = torch.full((n, width), PAD_VALUES.get(key, 0), dtype=value.dtype, device=device)
                 packed[key] = out.masked_scatter_(mask, value)
-    packed["rollout_group"] = group
-    return Trajectory._unchecked(**packed)
+    return Trajectory._unchecked(**packed, rollout_group=group)
 
 
 def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
