@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from ._errors import WorkflowContractError
 from ._rollout_group import FLOAT32_MAX, RolloutGroup
 from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
 
-__all__ = ["concat_trajectories", "join_slots", "split_trajectories"]
+__all__ = ["concat_trajectories", "join_packed", "join_slots", "split_trajectories"]
 
 TrajectoryLike = Trajectory | Mapping[str, Any]
 
@@ -52,8 +53,8 @@ _FAST_KEYS = frozenset(KNOWN_KEYS) - {"rollout_group"}
 _SEQ_KINDS = (("input_ids", "i"), ("attention_mask", "b"), ("loss_mask", "i"), ("logprobs", "f"), ("versions", "i"))
 _ROW_KINDS = (("rewards", "f"), ("original_rewards", "f"), ("is_truncated", "b"))
 _KIND_OK: dict[tuple[str, torch.dtype], bool] = {}
-_ARANGE_LEN = 1 << 12
-_ARANGE: list[torch.Tensor] = []  # 0.._ARANGE_LEN-1 on the CPU, made once: the padding mask slices it
+_SHAPE = attrgetter("shape")
+_DTYPE = attrgetter("dtype")
 
 
 def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
@@ -72,24 +73,18 @@ def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
 def _pack(items: Sequence[dict[str, Any]], key: str, kind: str, shapes: list[Any], dim: int) -> torch.Tensor | None:
     """Every item's ``key`` joined along ``dim`` in one op; None unless each has ``shapes``'
     shape and all share one dtype of ``kind`` (mixed dtypes are promoted by the general path)."""
-    values = [d[key] for d in items]
-    if [v.shape for v in values] != shapes:
+    values = list(map(itemgetter(key), items))
+    if list(map(_SHAPE, values)) != shapes:
         return None
     dtype = values[0].dtype
-    if not _kind_ok(kind, dtype) or [v.dtype for v in values].count(dtype) != len(values):
+    if not _kind_ok(kind, dtype) or list(map(_DTYPE, values)).count(dtype) != len(values):
         return None
     return torch.cat(values, dim=dim)
 
 
 def _padding_mask(widths: list[int], width: int, device: torch.device) -> torch.Tensor:
     """``mask[i, j] = j < widths[i]``: the real positions of the padded batch (3 ops)."""
-    if width <= _ARANGE_LEN and device.type == "cpu":
-        if not _ARANGE:
-            _ARANGE.append(torch.arange(_ARANGE_LEN))
-        positions = _ARANGE[0][:width]
-    else:
-        positions = torch.arange(width, device=device)
-    return positions < torch.tensor([[w] for w in widths], device=device)
+    return torch.arange(width, device=device) < torch.tensor(widths, device=device).view(-1, 1)
 
 
 def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
@@ -97,8 +92,7 @@ def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
     over each packed key, and (rows of unequal widths) one fill and one masked scatter per
     key into the padded batch, sharing one mask. None when anything does not fit."""
     n = len(items)
-    ids = [d["input_ids"] for d in items]
-    shapes = [v.shape for v in ids]
+    shapes = [d["input_ids"].shape for d in items]
     widths = [s[1] if len(s) == 2 and s[0] == 1 else 0 for s in shapes]
     if 0 in widths:
         return None
@@ -123,7 +117,7 @@ def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
             packed[key] = value
     ids_t = packed["input_ids"]
     device = ids_t.device
-    if any(t.device != device for t in packed.values()):
+    if len({t.device for t in packed.values()}) != 1:
         return None
     # -- the value rules, once per packed key (see _trajectory._validate_values)
     mask_t = packed["attention_mask"]
@@ -138,9 +132,10 @@ def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
             return None
     for key in ("rewards", "original_rewards"):
         value = packed.get(key)
-        if value is not None:
-            lo, hi = torch.aminmax(value)
-            if not (-FLOAT32_MAX <= float(lo) and float(hi) <= FLOAT32_MAX):  # NaN fails too
+        if value is not None:  # one value per row: the Python floats are cheaper than a reduction
+            row_values = value.tolist()
+            # A finite sum rules out NaN and infinities (which min and max would skip).
+            if not (math.isfinite(sum(row_values)) and -FLOAT32_MAX <= min(row_values) and max(row_values) <= FLOAT32_MAX):
                 return None
     lm = packed.get("loss_mask")
     if lm is not None:
@@ -272,16 +267,28 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
     return join_slots(items, range(len(items)))
 
 
-def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> Trajectory:
-    """:func:`concat_trajectories` whose errors name ``slot labels[i]`` for item ``i``."""
+def join_packed(items: Sequence[Any]) -> Trajectory | None:
+    """The items joined in bulk, if they are plain dicts of one-row contract tensors that
+    keep every rule (the common shape of a group's results): one packed op per key, the
+    packed result checked once. None otherwise: :func:`join_slots` then handles them and
+    names the slot that broke a rule."""
+    try:
+        return _join_one_row_dicts(items) if items else None
+    except WorkflowContractError:
+        return None  # the general path finds the item that broke the rule and names it
+
+
+def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int], *, packed: bool = True) -> Trajectory:
+    """:func:`concat_trajectories` whose errors name ``slot labels[i]`` for item ``i``.
+
+    ``packed=False`` skips the bulk path (for a caller that tried :func:`join_packed`).
+    """
     if not items:
         raise WorkflowContractError("concat_trajectories: needs at least one trajectory, got an empty list")
-    try:
-        joined = _join_one_row_dicts(items)
+    if packed:
+        joined = join_packed(items)
         if joined is not None:
             return joined
-    except WorkflowContractError:
-        pass  # the general path below finds the item that broke the rule and names it
     _check_one_device(items, labels)
     trajs = [_as_trajectory(item, label) for item, label in zip(items, labels)]
     dicts = _tensor_dicts(trajs)
