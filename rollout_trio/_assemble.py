@@ -106,10 +106,24 @@ def _kind(result: Any, slot: int) -> SlotKind:
     )
 
 
+def _all_tensor_dicts(results: Sequence[Any]) -> bool:
+    """Whether every result is a plain non-empty dict whose first value is a tensor
+    (usable, and of the tensor kind by :func:`_kind`'s rule), checked in one pass."""
+    for r in results:
+        if type(r) is not dict or not r or type(next(iter(r.values()))) is not torch.Tensor:
+            return False
+    return True
+
+
 def token_positions(results: Sequence[Any]) -> int:
     """Roughly how many token positions a group's results hold (what assembly costs)."""
     total = 0
     for r in results:
+        if type(r) is dict:  # the common case first, without the ABC checks
+            ids = r.get("input_ids")
+            if type(ids) is torch.Tensor:
+                total += ids.numel()
+                continue
         if isinstance(r, Trajectory):
             total += r.input_ids.numel()
         elif isinstance(r, Mapping):
@@ -144,6 +158,9 @@ def assemble_group(results: Sequence[Any], policy: GroupPolicy) -> tuple[GroupRe
         WorkflowContractError: a result breaks the contract (naming the slot).
     """
     g = policy.group_size
+    if len(results) == g and _all_tensor_dicts(results):
+        # Every slot returned a tensor dict: all usable, one kind, nothing to drop.
+        return _merge_tensors(results, list(range(g)), policy), GroupStatistics(g, g, g)
     slots = [i for i, r in enumerate(results) if is_usable(r)]
     u = len(slots)
 
@@ -270,7 +287,7 @@ def _normalize_interactions(usable: list[Mapping[str, Interaction]], slots: list
 
 
 def _merge_tensors(results: Sequence[Any], slots: list[int], policy: GroupPolicy) -> Trajectory:
-    items = [results[i] for i in slots]
+    items = list(results) if len(slots) == len(results) else [results[i] for i in slots]
     merged = join_packed(items)  # the common shape (no rollout_group key), packed in bulk
     if merged is not None:
         if policy.reward_normalization:
