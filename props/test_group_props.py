@@ -8,7 +8,7 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rollout_trio import Interaction, ModelRequest, ModelResponse, WorkflowContractError, run_group, workflow_context
+from rollout_trio import Interaction, ModelRequest, ModelResponse, Trajectory, WorkflowContractError, run_group, workflow_context
 from rollout_trio.testing import ScriptedEngine
 from rollout_trio.testing import strategies as rst
 from rollout_trio.workflow_context import StatsRecorder
@@ -263,3 +263,57 @@ def planned_results(results):
         return results[workflow_context.get().sample_idx]
 
     return wf
+
+
+def _group_outcome(results, policy):
+    """assemble_group's result as comparable values, or the error's type and message."""
+    from rollout_trio._assemble import assemble_group
+
+    try:
+        out, stats = assemble_group(results, policy)
+    except (WorkflowContractError, ValueError) as exc:
+        return type(exc), str(exc)
+    if out is None:
+        return None, stats
+    d = out.to_dict()
+    return {k: (v.dtype, tuple(v.shape), v.tolist()) if isinstance(v, torch.Tensor) else v for k, v in d.items()}, stats
+
+
+@given(rst.trajectory_groups(max_rows=1, min_size=2, max_size=6), st.data())
+def test_a_packed_group_equals_the_same_group_joined_slot_by_slot(trajs, data):
+    """A group of plain one-row dicts (packed in bulk, checked once, normalized in place)
+    gives exactly what the same slots give as Trajectory objects (validated and joined
+    one by one): the batch, its references and statistics, or the same error. Rewards
+    are drawn from any float a workflow might return, in float32 and float64 tensors."""
+    from rollout_trio._assemble import GroupPolicy
+
+    opts = data.draw(rst.group_options(len(trajs)))
+    policy = GroupPolicy(
+        len(trajs), opts["min_usable_group_size"], opts["drop_incomplete_group"],
+        opts["reward_normalization"], opts.get("reward_normalization_use_std", True),
+    )
+    dicts = [t.to_dict() for t in trajs]
+    if data.draw(st.booleans()) or data.draw(st.booleans()):  # mostly no padding of their own: packable
+        for t, d in zip(trajs, dicts):
+            w = int(t.attention_mask.sum())
+            d.update({k: v[:, :w] for k, v in d.items() if isinstance(v, torch.Tensor) and v.ndim == 2})
+    keep_references = data.draw(st.booleans()) and data.draw(st.booleans())  # mostly rows as references
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float32, torch.float64]))
+    wild = data.draw(st.booleans())  # NaN, infinities and float32's edges too
+    for d in dicts:
+        d["rewards"] = torch.tensor([data.draw(rst.any_rewards() if wild else rst.rewards())], dtype=dtype)
+        if not keep_references:
+            d.pop("rollout_group", None)
+            d.pop("rollout_reward", None)
+    general = []
+    for d in dicts:
+        try:
+            general.append(Trajectory.from_dict(d))
+        except (WorkflowContractError, ValueError):
+            general = None
+            break
+    packed = _group_outcome(dicts, policy)
+    if general is None:  # a slot the contract rejects: the packed path must reject it too
+        assert isinstance(packed[0], type) and issubclass(packed[0], ValueError), packed
+        return
+    assert packed == _group_outcome(general, policy)

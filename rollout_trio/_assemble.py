@@ -9,6 +9,7 @@ tests call it directly.
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ import torch
 from ._errors import WorkflowContractError
 from ._interaction import Interaction
 from ._normalize import rollout_time_affine, rollout_time_apply, rollout_time_apply_floats, rollout_time_stats
-from ._padding import join_slots
+from ._padding import join_packed, join_slots
 from ._rollout_group import RolloutGroup, as_reward_scalar
 from ._trajectory import Trajectory
 
@@ -105,10 +106,24 @@ def _kind(result: Any, slot: int) -> SlotKind:
     )
 
 
+def _all_tensor_dicts(results: Sequence[Any]) -> bool:
+    """Whether every result is a plain non-empty dict whose first value is a tensor
+    (usable, and of the tensor kind by :func:`_kind`'s rule), checked in one pass."""
+    for r in results:
+        if type(r) is not dict or not r or type(next(iter(r.values()))) is not torch.Tensor:
+            return False
+    return True
+
+
 def token_positions(results: Sequence[Any]) -> int:
     """Roughly how many token positions a group's results hold (what assembly costs)."""
     total = 0
     for r in results:
+        if type(r) is dict:  # the common case first, without the ABC checks
+            ids = r.get("input_ids")
+            if type(ids) is torch.Tensor:
+                total += ids.numel()
+                continue
         if isinstance(r, Trajectory):
             total += r.input_ids.numel()
         elif isinstance(r, Mapping):
@@ -143,6 +158,9 @@ def assemble_group(results: Sequence[Any], policy: GroupPolicy) -> tuple[GroupRe
         WorkflowContractError: a result breaks the contract (naming the slot).
     """
     g = policy.group_size
+    if len(results) == g and _all_tensor_dicts(results):
+        # Every slot returned a tensor dict: all usable, one kind, nothing to drop.
+        return _merge_tensors(results, list(range(g)), policy), GroupStatistics(g, g, g)
     slots = [i for i, r in enumerate(results) if is_usable(r)]
     u = len(slots)
 
@@ -269,7 +287,18 @@ def _normalize_interactions(usable: list[Mapping[str, Interaction]], slots: list
 
 
 def _merge_tensors(results: Sequence[Any], slots: list[int], policy: GroupPolicy) -> Trajectory:
-    items = [results[i] for i in slots]
+    items = list(results) if len(slots) == len(results) else [results[i] for i in slots]
+    merged = join_packed(items)  # the common shape (no rollout_group key), packed in bulk
+    if merged is not None:
+        if policy.reward_normalization:
+            rewards = merged.rewards
+            if rewards is not None and rewards.dtype == torch.float32 and merged.rollout_group is not None and (
+                merged.rollout_group.rewards.count(None) == len(items)
+            ):
+                if _normalize_packed_rows(merged, rewards, policy):
+                    return merged
+            return _normalize_rows(merged, slots, policy)
+        return merged
     for i, item in zip(slots, items):
         group = item.rollout_group if isinstance(item, Trajectory) else item.get("rollout_group")
         if isinstance(group, RolloutGroup) and group.n_rollouts != 1:
@@ -277,10 +306,33 @@ def _merge_tensors(results: Sequence[Any], slots: list[int], policy: GroupPolicy
                 f"slot {i}: 'rollout_group': one workflow call is one logical rollout; "
                 f"got {group.n_rollouts} rollouts {group.row_counts}"
             )
-    merged = join_slots(items, slots)
+    merged = join_slots(items, slots, packed=False)
     if policy.reward_normalization:
         merged = _normalize_rows(merged, slots, policy)
     return merged
+
+
+def _normalize_packed_rows(merged: Trajectory, rewards: torch.Tensor, policy: GroupPolicy) -> bool:
+    """:func:`_normalize_float32_rows` on a batch :func:`join_packed` just built (one float32
+    row per rollout, no references), set on it in place: nobody else holds it yet.
+    False (nothing changed) when a value lies beyond float32's range."""
+    values = rewards.tolist()
+    try:
+        mean, scale = rollout_time_stats(values)
+    except ValueError:
+        return False
+    if not policy.reward_normalization_use_std:
+        scale = 1.0
+    normalized = rollout_time_apply_floats(values, mean, scale)
+    if normalized is None:
+        return False
+    setattr_ = object.__setattr__
+    setattr_(merged, "original_rewards", rewards)  # the batch's own tensor (packed from the slots)
+    setattr_(merged, "rewards", torch.tensor(normalized, dtype=torch.float32))
+    # The references are the rows' float32 values, as Python floats (array rounds as the tensor does).
+    refs = tuple(array("f", normalized).tolist())
+    setattr_(merged, "rollout_group", RolloutGroup.unchecked((1,) * len(values), refs))
+    return True
 
 
 def _normalize_rows(merged: Trajectory, slots: list[int], policy: GroupPolicy) -> Trajectory:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ from ._errors import WorkflowContractError
 from ._rollout_group import FLOAT32_MAX, RolloutGroup
 from ._trajectory import KNOWN_KEYS, PAD_VALUES, Trajectory
 
-__all__ = ["concat_trajectories", "join_slots", "split_trajectories"]
+__all__ = ["concat_trajectories", "join_packed", "join_slots", "split_trajectories"]
 
 TrajectoryLike = Trajectory | Mapping[str, Any]
 
@@ -48,10 +49,12 @@ def _join_one_row_dicts(items: Sequence[Any]) -> Trajectory | None:
 
 
 _FAST_KEYS = frozenset(KNOWN_KEYS) - {"rollout_group"}
-_SEQ_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
-_ROW_DTYPES = {"rewards": "f", "original_rewards": "f", "is_truncated": "b"}
-_SEQ_DTYPES = {"input_ids": "i", "attention_mask": "b", "loss_mask": "i", "logprobs": "f", "versions": "i"}
+# The keys of a packed batch, each with the kind of dtype it takes (see _trajectory).
+_SEQ_KINDS = (("input_ids", "i"), ("attention_mask", "b"), ("loss_mask", "i"), ("logprobs", "f"), ("versions", "i"))
+_ROW_KINDS = (("rewards", "f"), ("original_rewards", "f"), ("is_truncated", "b"))
 _KIND_OK: dict[tuple[str, torch.dtype], bool] = {}
+_SHAPE = attrgetter("shape")
+_DTYPE = attrgetter("dtype")
 
 
 def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
@@ -67,75 +70,97 @@ def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
     return ok
 
 
-def _joined(items: Sequence[dict[str, Any]], key: str, shapes: list[Any], kind: str, dim: int) -> torch.Tensor:
-    """``key``'s values of every item joined along ``dim``; raises if they do not fit."""
-    values = [d[key] for d in items]
-    if [v.shape for v in values] != shapes:
-        raise ValueError(key)
+def _pack(items: Sequence[dict[str, Any]], key: str, kind: str, shapes: list[Any], dim: int) -> torch.Tensor | None:
+    """Every item's ``key`` joined along ``dim`` in one op; None unless each has ``shapes``'
+    shape and all share one dtype of ``kind`` (mixed dtypes are promoted by the general path)."""
+    values = list(map(itemgetter(key), items))
+    if list(map(_SHAPE, values)) != shapes:
+        return None
     dtype = values[0].dtype
-    if not _kind_ok(kind, dtype) or any(v.dtype is not dtype for v in values):
-        raise ValueError(key)  # mixed dtypes are promoted by the general path
+    if not _kind_ok(kind, dtype) or list(map(_DTYPE, values)).count(dtype) != len(values):
+        return None
     return torch.cat(values, dim=dim)
 
 
+def _padding_mask(widths: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """``mask[i, j] = j < widths[i]``: the real positions of the padded batch (3 ops)."""
+    return torch.arange(width, device=device) < torch.tensor(widths, device=device).view(-1, 1)
+
+
 def _join_rows(items: Sequence[dict[str, Any]], keys: Any) -> Trajectory | None:
+    """The group packed: one ``cat`` per key over every row, the value rules checked once
+    over each packed key, and (rows of unequal widths) one fill and one masked scatter per
+    key into the padded batch, sharing one mask. None when anything does not fit."""
     n = len(items)
-    ids = [d["input_ids"] for d in items]
-    shapes = [v.shape for v in ids]
-    if any(len(shape) != 2 or shape[0] != 1 or shape[1] < 1 for shape in shapes):
+    shapes = [d["input_ids"].shape for d in items]
+    widths = [s[1] if len(s) == 2 and s[0] == 1 else 0 for s in shapes]
+    if 0 in widths:
         return None
-    widths = [shape[1] for shape in shapes]
     width = max(widths)
     padded = min(widths) != width
     # Equal widths: the rows stacked are the batch. Else each key's rows joined into one
     # flat row, scattered into the padded batch below.
     dim = 1 if padded else 0
-    seqs = {key: _joined(items, key, shapes, _SEQ_DTYPES[key], dim) for key in _SEQ_KEYS if key in keys}
+    packed: dict[str, torch.Tensor] = {}
+    for key, kind in _SEQ_KINDS:
+        if key in keys:
+            value = _pack(items, key, kind, shapes, dim)
+            if value is None:
+                return None
+            packed[key] = value
     row_shape = [torch.Size((1,))] * n
-    rows = {key: _joined(items, key, row_shape, kind, 0) for key, kind in _ROW_DTYPES.items() if key in keys}
-    device = seqs["input_ids"].device
-    if any(t.device != device for t in (*seqs.values(), *rows.values())):
+    for key, kind in _ROW_KINDS:
+        if key in keys:
+            value = _pack(items, key, kind, row_shape, 0)
+            if value is None:
+                return None
+            packed[key] = value
+    ids_t = packed["input_ids"]
+    device = ids_t.device
+    if len({t.device for t in packed.values()}) != 1:
         return None
-    # -- the value rules, once over all rows (see _trajectory._validate_values)
-    if not bool(seqs["attention_mask"].all()):
+    # -- the value rules, once per packed key (see _trajectory._validate_values)
+    mask_t = packed["attention_mask"]
+    if not bool(mask_t.all()):
         return None  # a row with padding of its own: the general path checks it position by position
-    if int(seqs["input_ids"].min()) < 0:
+    if int(ids_t.min()) < 0:
         return None
-    lp = seqs.get("logprobs")
+    lp = packed.get("logprobs")
     if lp is not None:
         lo, hi = torch.aminmax(lp)
         if not (math.isfinite(float(lo)) and float(hi) <= 1e-6):
             return None
     for key in ("rewards", "original_rewards"):
-        value = rows.get(key)
-        if value is not None:
-            lo, hi = torch.aminmax(value)
-            if not (-FLOAT32_MAX <= float(lo) and float(hi) <= FLOAT32_MAX):  # NaN fails too
+        value = packed.get(key)
+        if value is not None:  # one value per row: the Python floats are cheaper than a reduction
+            row_values = value.tolist()
+            # A finite sum rules out NaN and infinities (which min and max would skip).
+            if not (math.isfinite(sum(row_values)) and -FLOAT32_MAX <= min(row_values) and max(row_values) <= FLOAT32_MAX):
                 return None
-    lm = seqs.get("loss_mask")
+    lm = packed.get("loss_mask")
     if lm is not None:
         lo, hi = torch.aminmax(lm)
         if int(lo) < 0 or int(hi) > 1:
             return None
-        ver = seqs.get("versions")
-        if ver is not None and bool(((ver != -1) > lm).any()):
+        ver = packed.get("versions")
+        if ver is not None and bool(ver.ne(-1).gt_(lm).any()):  # a version where loss_mask is 0
             return None
     if "rollout_reward" in keys:
         group = RolloutGroup((1,) * n, tuple(d["rollout_reward"] for d in items))  # checks each reference
     else:
         group = RolloutGroup.unchecked((1,) * n, (None,) * n)
-    joined: dict[str, Any] = dict(rows)
-    if not padded:
-        joined.update(seqs)
-    else:  # one fill and one masked scatter per key; padding keeps every rule
-        mask = torch.arange(width, device=device) < torch.tensor(widths, device=device)[:, None]
-        for key, value in seqs.items():
+    if padded:  # one fill and one masked scatter per key; padding keeps every rule
+        mask = _padding_mask(widths, width, device)
+        for key, _ in _SEQ_KINDS:
+            value = packed.get(key)
+            if value is None:
+                continue
             if key == "attention_mask":
-                joined[key] = mask  # every real position attends (checked above)
+                packed[key] = mask  # every real position attends (checked above)
             else:
                 out = torch.full((n, width), PAD_VALUES.get(key, 0), dtype=value.dtype, device=device)
-                joined[key] = out.masked_scatter_(mask, value)
-    return Trajectory._unchecked(**joined, rollout_group=group)
+                packed[key] = out.masked_scatter_(mask, value)
+    return Trajectory._unchecked(**packed, rollout_group=group)
 
 
 def _tensor_dicts(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
@@ -242,16 +267,28 @@ def concat_trajectories(items: Sequence[TrajectoryLike]) -> Trajectory:
     return join_slots(items, range(len(items)))
 
 
-def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int]) -> Trajectory:
-    """:func:`concat_trajectories` whose errors name ``slot labels[i]`` for item ``i``."""
+def join_packed(items: Sequence[Any]) -> Trajectory | None:
+    """The items joined in bulk, if they are plain dicts of one-row contract tensors that
+    keep every rule (the common shape of a group's results): one packed op per key, the
+    packed result checked once. None otherwise: :func:`join_slots` then handles them and
+    names the slot that broke a rule."""
+    try:
+        return _join_one_row_dicts(items) if items else None
+    except WorkflowContractError:
+        return None  # the general path finds the item that broke the rule and names it
+
+
+def join_slots(items: Sequence[TrajectoryLike], labels: Sequence[int], *, packed: bool = True) -> Trajectory:
+    """:func:`concat_trajectories` whose errors name ``slot labels[i]`` for item ``i``.
+
+    ``packed=False`` skips the bulk path (for a caller that tried :func:`join_packed`).
+    """
     if not items:
         raise WorkflowContractError("concat_trajectories: needs at least one trajectory, got an empty list")
-    try:
-        joined = _join_one_row_dicts(items)
+    if packed:
+        joined = join_packed(items)
         if joined is not None:
             return joined
-    except WorkflowContractError:
-        pass  # the general path below finds the item that broke the rule and names it
     _check_one_device(items, labels)
     trajs = [_as_trajectory(item, label) for item, label in zip(items, labels)]
     dicts = _tensor_dicts(trajs)

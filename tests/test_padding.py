@@ -108,3 +108,30 @@ def test_split_rejects_cuts_inside_a_rollout_and_bad_counts():
         split_trajectories(out, [1, 2])
     with pytest.raises(WorkflowContractError, match="positive integers"):
         split_trajectories(out, [0, 2])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_non_finite_reward_in_any_slot_of_a_packed_group_is_named(bad, at):
+    """Plain one-row dicts are packed in bulk and their rewards checked once over the
+    packed rows: a NaN or infinity anywhere (not only where min/max would see it) still
+    reaches the per-slot check, which names the slot."""
+    from rollout_trio import RewardValueError
+
+    items = [traj([1, 2, 3], reward=1.0), traj([4, 5]), traj([6, 7, 8, 9], reward=-1.0)]
+    items[at] = {**items[at], "rewards": torch.tensor([bad])}
+    with pytest.raises(RewardValueError, match=f"^slot {at}: 'rewards': values must be finite"):
+        concat_trajectories(items)
+
+
+def test_a_packed_group_is_what_joining_trajectory_objects_gives():
+    """Unequal widths (padded) and equal widths (stacked), packed in bulk as dicts or
+    joined one by one as Trajectory objects: the same tensors, dtypes and references."""
+    for lengths in ([2, 4, 3], [3, 3, 3]):
+        items = [traj(list(range(1, n + 1)), reward=float(n)) for n in lengths]
+        fast = concat_trajectories(items)
+        slow = concat_trajectories([Trajectory.from_dict(d) for d in items])
+        for key in ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "rewards"):
+            a, b = getattr(fast, key), getattr(slow, key)
+            assert a.dtype == b.dtype and torch.equal(a, b), key
+        assert fast.rollout_group == slow.rollout_group
