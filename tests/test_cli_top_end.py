@@ -20,8 +20,8 @@ from .process_helpers import reaped
 _METRICS = b"# HELP rollout_trio_tasks_submitted_total x\n# TYPE rollout_trio_tasks_submitted_total counter\nrollout_trio_tasks_submitted_total 3.0\n"
 
 
-class _OneScrape(http.server.BaseHTTPRequestHandler):
-    """Answers one scrape, then the server goes away (as a run's metrics server does when it ends)."""
+class _Scrapes(http.server.BaseHTTPRequestHandler):
+    """Answers every scrape with the same counters."""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.send_response(200)
@@ -29,10 +29,17 @@ class _OneScrape(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(_METRICS)))
         self.end_headers()
         self.wfile.write(_METRICS)
-        threading.Thread(target=self.server.shutdown, daemon=True).start()
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class _OneScrape(_Scrapes):
+    """Answers one scrape, then the server goes away (as a run's metrics server does when it ends)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        super().do_GET()
+        threading.Thread(target=self.server.shutdown, daemon=True).start()
 
 
 def test_top_says_the_run_ended_and_exits_0(capsys):
@@ -113,16 +120,6 @@ _FRAME_THEN_MODULES = (
 )
 
 
-class _Scrapes(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(_METRICS)))
-        self.end_headers()
-        self.wfile.write(_METRICS)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def _top_once(address: str) -> tuple[int, str, list[str]]:
