@@ -178,7 +178,7 @@ def cli_phase(address: str) -> dict[str, Any]:
             seen["worker_without_key"] = client.post(worker + "/pause_generation").status_code
         child.send_signal(signal.SIGTERM)
         seen["status"] = child.wait(120)
-        seen["stderr_tail"] = child.stderr.read()[-500:] if child.stderr else ""
+        seen["stderr_tail"] = child.stderr.read()[-3000:] if child.stderr else ""  # Ray's own lines come last
     finally:
         child.kill()
         child.wait()
