@@ -28,7 +28,8 @@ e. agent: chat completions/s of 64 agents through the agent endpoint in process 
    endpoint). The target is the ceiling an httpx client allows, 1 / (1 + direct/alone),
    where "alone" is the same client against an app answering at once (bench/agent_bench.py).
 
-Targets (printed beside each ratio): group >= 1.1x, client >= 1.0x at every concurrency,
+Targets (printed beside each ratio, issue 31): group >= 1.2x at every G with and without
+normalization, and ours >= 0.95x of "Trio alone" in the same round; client >= 1.0x at every concurrency,
 agent at the httpx ceiling.
 """
 
@@ -62,6 +63,9 @@ from rollout_trio import NormConfig, normalize_rewards  # noqa: E402
 from rollout_trio.engines import RemoteEngine  # noqa: E402
 
 # -- a. grouped orchestration + packing ---------------------------------------------------
+
+GROUP_TARGET = 1.2  # ours / AReaL at every G, with and without normalization (issue 31)
+ALONE_TARGET = 0.95  # ours / the bare Trio nursery of the same round (issue 31)
 
 
 class InstantEngine:
@@ -289,7 +293,12 @@ def summary(ours: list[float], theirs: list[float], floor: list[float] | None = 
     ratios = [o / t for o, t in zip(ours, theirs, strict=True)]
     extra: dict[str, Any] = {}
     if floor:
-        extra = {"alone": floor, "alone_ratio_median": statistics.median(f / t for f, t in zip(floor, theirs, strict=True))}
+        extra = {
+            "alone": floor,
+            "alone_ratio_median": statistics.median(f / t for f, t in zip(floor, theirs, strict=True)),
+            # ours against the bare nursery of the same round: how much of Trio's ceiling we keep
+            "ours_of_alone_median": statistics.median(o / f for o, f in zip(ours, floor, strict=True)),
+        }
     return {
         **extra,
         "ours": ours,
@@ -312,7 +321,12 @@ def line(label: str, s: dict[str, Any], unit: str, target: float | None) -> str:
         f"  ratio {s['ratio_median']:.2f}x [{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]{mark}"
     )
     if "alone" in s:
-        text += f"\n  {'':<22} Trio alone {rng(s['alone']):<26} (no assembly, no checks)   ratio {s['alone_ratio_median']:.2f}x"
+        kept = s["ours_of_alone_median"]
+        mark = "  ok" if kept >= ALONE_TARGET else f"  < {ALONE_TARGET:g}x target"
+        text += (
+            f"\n  {'':<22} Trio alone {rng(s['alone']):<26} (no assembly, no checks)   ratio {s['alone_ratio_median']:.2f}x;"
+            f"  ours / alone {kept:.2f}x{mark}"
+        )
     return text
 
 
@@ -406,7 +420,7 @@ def main() -> int:
                         None if norm else lambda: trio_alone(g, episodes),
                     )  # fmt: skip
                     res[f"G={g}{' norm' if norm else ''}"] = s
-                    print(line(f"G={g:<3}{' + normalization' if norm else ''}", s, "ep/s", 1.1), flush=True)
+                    print(line(f"G={g:<3}{' + normalization' if norm else ''}", s, "ep/s", GROUP_TARGET), flush=True)
         if "norm" in sections:
             sizes = [100_000] if quick else [100_000, 1_000_000]
             reps = 1 if quick else 3

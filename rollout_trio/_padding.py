@@ -55,6 +55,7 @@ _ROW_KINDS = (("rewards", "f"), ("original_rewards", "f"), ("is_truncated", "b")
 _KIND_OK: dict[tuple[str, torch.dtype], bool] = {}
 _SHAPE = attrgetter("shape")
 _DTYPE = attrgetter("dtype")
+_flatten_dense = torch._C._nn.flatten_dense_tensors  # cat of t.contiguous().view(-1) for each t
 
 
 def _kind_ok(kind: str, dtype: torch.dtype) -> bool:
@@ -79,6 +80,12 @@ def _pack(items: Sequence[dict[str, Any]], key: str, kind: str, shapes: list[Any
     dtype = values[0].dtype
     if not _kind_ok(kind, dtype) or list(map(_DTYPE, values)).count(dtype) != len(values):
         return None
+    if dim == 1 and kind != "f":
+        # Rows of unequal widths joined into one flat row. torch.cat along dim 1 copies
+        # integer and bool inputs one TensorIterator each (~1 us per row; floating ones take
+        # a serial kernel at ~0.1 us), while flattening each row in C++ and joining along
+        # dim 0 is one memcpy per row: the same values, 2-3x cheaper (always a copy: n >= 2).
+        return _flatten_dense(values)  # one flat row (1-D): only the masked scatter reads it
     return torch.cat(values, dim=dim)
 
 
