@@ -31,14 +31,15 @@ LONGEST_FIRST = [
 ]  # fmt: skip
 
 
-# Modules of subprocesses, servers and clusters (about 80% of the suite's time): marked slow,
+# Modules of subprocesses, servers and clusters (about 90% of the suite's time): marked slow,
 # so that `-m "not slow"` is the edit loop's quick subset (README, "Developing").
 SLOW_MODULES = {
     *LIVE_VLLM_MODULES, *(f"tests/test_{name}.py" for name in (
         "ray_fleet", "run_command", "hostile_http", "hostile_serve", "server", "areal_compat", "areal_differential",
         "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "remote_router", "run_vision",
         "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
-        "executor_engines",
+        "executor_engines", "cli", "cli_top_end", "public_api", "doc_blocks", "serve_vision", "server_app",
+        "hostile_local", "layout", "process_isolation",
     )),
     "props/test_executor_machine.py", "props/test_group_local_props.py",
 }  # fmt: skip
