@@ -136,3 +136,20 @@ def test_a_single_kind_of_dtype_everywhere_still_takes_the_bulk_path() -> None:
     assert fast is not None
     assert fast.input_ids.dtype == torch.int32 and fast.logprobs.dtype == torch.float64
     assert_same(fast, general(items))
+
+
+def test_the_dtype_kinds_the_bulk_path_accepts() -> None:
+    # Cleared first: the table is memoised per process, and a wrong entry would send every
+    # group of that dtype down the slow path (or a float mask down the bulk path).
+    from rollout_trio import _padding
+
+    _padding._KIND_OK.clear()
+    floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    ints = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    for dtype in (*floats, *ints, torch.bool, torch.complex64):
+        assert _padding._kind_ok("f", dtype) is (dtype in floats), dtype
+        assert _padding._kind_ok("b", dtype) is (dtype is torch.bool), dtype
+        assert _padding._kind_ok("i", dtype) is (dtype in ints), dtype
+    # Memoised: asked again, the same answers.
+    assert _padding._KIND_OK[("i", torch.int32)] is True and _padding._KIND_OK[("f", torch.int32)] is False
+    assert _padding._kind_ok("i", torch.bool) is False
