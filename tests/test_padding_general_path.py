@@ -102,3 +102,16 @@ def test_split_widths_one_per_piece() -> None:
     joined = concat_trajectories([rows([[1]]), rows([[2]])])
     with pytest.raises(WorkflowContractError, match="widths: one per piece; expected 2, got 1"):
         split_trajectories(joined, [1, 1], widths=[1])
+
+
+def test_a_single_rollout_of_several_rows_splits_whole_and_keeps_its_reference() -> None:
+    traj = Trajectory.from_dict(rows([[1, 2], [3, 4]], rollout_reward=0.25, uid=["a", "b"]))
+    assert traj.rollout_group is None
+    (piece,) = split_trajectories(traj, [2])
+    assert piece.rollout_reward == 0.25 and piece.extras["uid"] == ["a", "b"]
+    assert piece.input_ids.tolist() == [[1, 2], [3, 4]]
+
+
+def test_split_slices_list_values_with_their_rows() -> None:
+    joined = concat_trajectories([rows([[1]], uid=["a"]), rows([[2]], uid=["b"]), rows([[3]], uid=["c"])])
+    assert [p.extras["uid"] for p in split_trajectories(joined, [2, 1])] == [["a", "b"], ["c"]]
