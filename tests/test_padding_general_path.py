@@ -115,3 +115,8 @@ def test_a_single_rollout_of_several_rows_splits_whole_and_keeps_its_reference()
 def test_split_slices_list_values_with_their_rows() -> None:
     joined = concat_trajectories([rows([[1]], uid=["a"]), rows([[2]], uid=["b"]), rows([[3]], uid=["c"])])
     assert [p.extras["uid"] for p in split_trajectories(joined, [2, 1])] == [["a", "b"], ["c"]]
+
+
+def test_an_empty_list_is_reported_by_name() -> None:
+    with pytest.raises(WorkflowContractError, match=r"^concat_trajectories: needs at least one trajectory, got an empty list$"):
+        concat_trajectories([])
