@@ -16,4 +16,8 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# `env HYPOTHESIS_PROFILE=mutation mutmut run`: fewer examples per mutant (README, "Developing").
+settings.register_profile(
+    "mutation", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -39,6 +39,19 @@ def test_summaries_match_an_independent_oracle() -> None:
     assert rec.summaries() == {}  # export resets by default
 
 
+def test_sums_are_exact_where_the_values_are_exactly_representable() -> None:
+    """Small dyadic values add without rounding, so the aggregates compare exactly: an
+    approximate comparison would hide an off-by-one in a sum (mutation testing, issue 32)."""
+    rec = StatsRecorder()
+    for v in (0.5, -2.0, 3.25):
+        rec.record("rollout", {"reward": v})
+    s = rec.summaries()["rollout/reward"]
+    assert (s.count, s.total, s.sum_of_squares, s.min, s.max) == (3, 1.75, 0.25 + 4.0 + 10.5625, -2.0, 3.25)
+    # One value: the variance is exactly 0.
+    rec.record("eval-rollout", {"reward": 4.0})
+    assert rec.summaries()["eval-rollout/reward"].std == 0.0
+
+
 def test_concurrent_records_are_all_counted() -> None:
     rec = StatsRecorder()
 

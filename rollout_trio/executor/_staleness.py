@@ -115,12 +115,6 @@ class StalenessManager:
             self._accepted -= 1
             self._rejected += 1
 
-    def on_rollout_submission_rolled_back(self) -> None:
-        """A start was undone: the input is queued again."""
-        with self._lock:
-            self._enqueued += 1
-            self._running -= 1
-
     def on_version_recovered(self, version: int) -> None:
         """After resuming from a checkpoint at ``version``: count its batches as accepted."""
         with self._lock:
