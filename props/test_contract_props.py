@@ -20,17 +20,7 @@ from rollout_trio import (
 )
 from rollout_trio._rollout_group import as_reward_scalar
 from rollout_trio.testing import strategies as rst
-
-
-def assert_same_trajectory(a: Trajectory, b: Trajectory) -> None:
-    da, db = a.to_dict(), b.to_dict()
-    assert set(da) == set(db)
-    for key, va in da.items():
-        vb = db[key]
-        if isinstance(va, torch.Tensor):
-            assert va.dtype == vb.dtype and va.shape == vb.shape and torch.equal(va, vb), key
-        else:
-            assert va == vb, key
+from tests.group_helpers import assert_same_trajectory
 
 
 @given(rst.trajectories())

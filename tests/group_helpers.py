@@ -39,3 +39,15 @@ def scripted(results):
 
     workflow.calls = calls
     return workflow
+
+
+def assert_same_trajectory(a: Trajectory, b: Trajectory) -> None:
+    """The same keys, and each value equal: tensors in dtype, shape and every element."""
+    da, db = a.to_dict(), b.to_dict()
+    assert set(da) == set(db)
+    for key, va in da.items():
+        vb = db[key]
+        if isinstance(va, torch.Tensor):
+            assert va.dtype == vb.dtype and va.shape == vb.shape and torch.equal(va, vb), key
+        else:
+            assert va == vb, key

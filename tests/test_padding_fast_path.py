@@ -17,6 +17,8 @@ import torch
 from rollout_trio import Trajectory, WorkflowContractError, concat_trajectories
 from rollout_trio._padding import _join_one_row_dicts
 
+from .group_helpers import assert_same_trajectory
+
 
 def row(ids, *, prompt=1, reward=0.0, **extra):
     n = len(ids)
@@ -36,17 +38,6 @@ def general(items):
     return concat_trajectories([Trajectory.from_dict(d) for d in items])
 
 
-def assert_same(a: Trajectory, b: Trajectory) -> None:
-    da, db = a.to_dict(), b.to_dict()
-    assert set(da) == set(db)
-    for key, va in da.items():
-        vb = db[key]
-        if isinstance(va, torch.Tensor):
-            assert va.dtype == vb.dtype and va.shape == vb.shape and torch.equal(va, vb), key
-        else:
-            assert va == vb, key
-
-
 @pytest.mark.parametrize(
     "items",
     [
@@ -60,8 +51,8 @@ def assert_same(a: Trajectory, b: Trajectory) -> None:
 def test_the_common_shape_takes_the_bulk_path_and_matches_the_general_path(items) -> None:
     fast = _join_one_row_dicts(items)
     assert fast is not None
-    assert_same(fast, general(items))
-    assert_same(concat_trajectories(items), general(items))
+    assert_same_trajectory(fast, general(items))
+    assert_same_trajectory(concat_trajectories(items), general(items))
 
 
 @pytest.mark.parametrize(
@@ -123,7 +114,7 @@ def test_mixed_or_other_dtypes_and_shapes_leave_it_to_the_general_path(change) -
         with pytest.raises(WorkflowContractError, match="slot 1"):
             concat_trajectories(items)
     else:
-        assert_same(concat_trajectories(items), expected)
+        assert_same_trajectory(concat_trajectories(items), expected)
 
 
 def test_a_single_kind_of_dtype_everywhere_still_takes_the_bulk_path() -> None:
@@ -135,7 +126,7 @@ def test_a_single_kind_of_dtype_everywhere_still_takes_the_bulk_path() -> None:
     fast = _join_one_row_dicts(items)
     assert fast is not None
     assert fast.input_ids.dtype == torch.int32 and fast.logprobs.dtype == torch.float64
-    assert_same(fast, general(items))
+    assert_same_trajectory(fast, general(items))
 
 
 def test_the_dtype_kinds_the_bulk_path_accepts() -> None:
