@@ -68,7 +68,13 @@ async def _run(args: argparse.Namespace, worker_options: list[str]) -> int:
                         flush=True,
                     )
                     print(f"{_PROG}: ready on Ray; Ctrl-C stops the router and the workers", file=sys.stderr, flush=True)
-                    await trio.sleep_forever()
+                    # Ray's core worker, started by ray.init above, may install its own C-level
+                    # SIGTERM handler (it prints a stack and aborts): take the signals back.
+                    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as ready_signals:
+                        async for signum in ready_signals:
+                            received.append(signum)
+                            break
+                    nursery.cancel_scope.cancel()
             except RayFleetError as exc:
                 raise CommandError(f"{_PROG}: {exc}") from exc
     if received:
