@@ -9,7 +9,6 @@ tests call it directly.
 from __future__ import annotations
 
 import logging
-from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -290,15 +289,7 @@ def _merge_tensors(results: Sequence[Any], slots: list[int], policy: GroupPolicy
     items = list(results) if len(slots) == len(results) else [results[i] for i in slots]
     merged = join_packed(items)  # the common shape (no rollout_group key), packed in bulk
     if merged is not None:
-        if policy.reward_normalization:
-            rewards = merged.rewards
-            if rewards is not None and rewards.dtype == torch.float32 and merged.rollout_group is not None and (
-                merged.rollout_group.rewards.count(None) == len(items)
-            ):
-                if _normalize_packed_rows(merged, rewards, policy):
-                    return merged
-            return _normalize_rows(merged, slots, policy)
-        return merged
+        return _normalize_rows(merged, slots, policy) if policy.reward_normalization else merged
     for i, item in zip(slots, items):
         group = item.rollout_group if isinstance(item, Trajectory) else item.get("rollout_group")
         if isinstance(group, RolloutGroup) and group.n_rollouts != 1:
@@ -310,29 +301,6 @@ def _merge_tensors(results: Sequence[Any], slots: list[int], policy: GroupPolicy
     if policy.reward_normalization:
         merged = _normalize_rows(merged, slots, policy)
     return merged
-
-
-def _normalize_packed_rows(merged: Trajectory, rewards: torch.Tensor, policy: GroupPolicy) -> bool:
-    """:func:`_normalize_float32_rows` on a batch :func:`join_packed` just built (one float32
-    row per rollout, no references), set on it in place: nobody else holds it yet.
-    False (nothing changed) when a value lies beyond float32's range."""
-    values = rewards.tolist()
-    try:
-        mean, scale = rollout_time_stats(values)
-    except ValueError:
-        return False
-    if not policy.reward_normalization_use_std:
-        scale = 1.0
-    normalized = rollout_time_apply_floats(values, mean, scale)
-    if normalized is None:
-        return False
-    setattr_ = object.__setattr__
-    setattr_(merged, "original_rewards", rewards)  # the batch's own tensor (packed from the slots)
-    setattr_(merged, "rewards", torch.tensor(normalized, dtype=torch.float32))
-    # The references are the rows' float32 values, as Python floats (array rounds as the tensor does).
-    refs = tuple(array("f", normalized).tolist())
-    setattr_(merged, "rollout_group", RolloutGroup.unchecked((1,) * len(values), refs))
-    return True
 
 
 def _normalize_rows(merged: Trajectory, slots: list[int], policy: GroupPolicy) -> Trajectory:
