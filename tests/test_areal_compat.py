@@ -266,9 +266,26 @@ async def test_arealss_openai_client_math_agent_file_runs_unchanged_single_and_g
     assert len(grouped) == 3 * turns  # each slot's interactions, kept
 
 
-# AReaL's workflow/anthropic/math_agent.py does not run in process yet: it hands the
-# in-process http_client (httpx) to anthropic 2.16's AsyncAnthropic, which takes only httpx2
-# clients (docs/areal.md). No test stands in for it until it does.
+async def test_arealss_anthropic_math_agent_file_runs_unchanged_in_process_single_and_grouped(hook):
+    """AReaL's ``workflow/anthropic/math_agent.py``: ``AsyncAnthropic(base_url=..., http_client=...)``
+    with what the endpoint hands it. anthropic 2.16 takes only httpx2 clients: the agent's
+    module uses only that SDK, so it gets one (it raised TypeError with the httpx client)."""
+    from rollout_trio import interactions_to_trajectory
+    from rollout_trio.agents import AgentRolloutWorkflow
+
+    model, tok = tiny_model()
+    math_agent = importlib.import_module("areal.workflow.anthropic.math_agent")
+    assert Path(math_agent.__file__).is_relative_to(hook)  # AReaL's own file, not a copy
+    wf = AgentRolloutWorkflow(math_agent.MathAgent(max_tokens=6))
+    assert wf.http_library == "httpx2"
+    data = {**DATA, "messages": [{"role": "system", "content": "Be brief."}, *DATA["messages"]]}
+    async with LocalEngine(model, tok, seed=0) as engine:
+        single = await wf.arun_episode(engine, data)
+        grouped = await run_group(wf, engine, data, 3)
+    [(key, turn)] = single.items()
+    assert key.startswith("msg_") and turn.messages == data["messages"]  # its system prompt sent as Anthropic's ``system``
+    assert interactions_to_trajectory(single).batch_size == 1
+    assert len(grouped) == 3
 
 
 def test_run_command_runs_arealss_rlvr_file_with_the_flag(areal_sources, capsys):

@@ -25,6 +25,7 @@ from .._interaction import Interaction
 from .._isolation import IsolatedWorkers, WorkerDied
 from .._isolation_worker import run_agent
 from .._workflow import RolloutWorkflow, register_agent_wrapper
+from ._clients import HttpLibrary, http_library_of, open_agent_client
 from ._endpoint import OpenAIEndpoint
 from ._server import serve_app
 from ._session import EXPORT_STYLES, AgentSession, ExportStyle, assign_rewards
@@ -60,6 +61,9 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             It runs on the hosted asyncio loop (``rollout_trio._asyncio``: asyncio code as
             agent SDKs write it, ``http_client`` an asyncio-side client) unless it is
             marked :func:`~rollout_trio.on_trio` or ``host="trio"`` is passed.
+            ``http_client`` is an ``httpx`` client, or an ``httpx2`` one for an agent
+            whose module uses the Anthropic SDK (which takes only those) and no
+            ``httpx`` SDK (openai, openai-agents, LangChain); ``http_library`` overrides.
             In ``"subproc"`` mode ``run(data)`` runs in a fresh child process (forked by
             a worker supervisor that kills everything it started, ``setsid`` children too,
             when the episode ends or is cancelled) with its own event loop; its return
@@ -80,6 +84,8 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             (only the last completion of each conversation, carrying its history).
         subproc_max_workers: how many subprocess agents may run at once.
         subproc_backend: the child's event loop (``"trio"`` or ``"asyncio"``, via anyio).
+        http_library: the in-process ``http_client``'s library: ``"auto"`` (the rule
+            above), ``"httpx"`` or ``"httpx2"``.
         endpoint_kwargs: passed to :class:`OpenAIEndpoint`.
 
     The episode's result is ``{completion_id: Interaction}``, or None when the agent
@@ -99,6 +105,7 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         subproc_max_workers: int = 4,
         subproc_backend: Literal["trio", "asyncio"] = "trio",
         host: Host | None = None,
+        http_library: HttpLibrary = "auto",
         **endpoint_kwargs: Any,
     ) -> None:
         if mode not in MODES:
@@ -128,6 +135,7 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             raise ValueError(f"host: must be 'trio', 'asyncio' or None (the agent's mark), got {host!r}")
         self.agent = agent
         self.mode = mode
+        self.http_library = http_library_of(agent, http_library)
         self.host: Host = host if host is not None else host_of(agent, default="asyncio")
         self.tokenizer = tokenizer
         self.gconfig = gconfig
@@ -139,7 +147,8 @@ class AgentRolloutWorkflow(RolloutWorkflow):
         self._endpoints: weakref.WeakKeyDictionary[Any, OpenAIEndpoint] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
-        return f"AgentRolloutWorkflow({self.agent!r}, mode={self.mode!r}, host={self.host!r}, export_style={self.export_style!r})"
+        return (f"AgentRolloutWorkflow({self.agent!r}, mode={self.mode!r}, host={self.host!r}, "
+                f"http_library={self.http_library!r}, export_style={self.export_style!r})")  # fmt: skip
 
     def endpoint(self, engine: InferenceEngine) -> OpenAIEndpoint:
         """The endpoint serving ``engine`` (one per engine, built on first use)."""
@@ -184,13 +193,12 @@ class AgentRolloutWorkflow(RolloutWorkflow):
 
     async def _run_inline(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
         if self.host == "trio":
-            async with httpx.AsyncClient(transport=endpoint.in_process_transport(), base_url=_IN_PROCESS_URL, timeout=None) as client:
-                return await self.agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=session.key)
+            return await _run_agent(self.agent, data, self.http_library, endpoint.in_process_transport(), session.key)
         # The agent's requests cross to Trio as calls of this task's portal: cancelling the
         # episode cancels the agent's asyncio task and, at once, its requests' generations.
         async with asyncio_portal() as portal:
             transport = portal.http_transport(endpoint.in_process_transport())
-            return await portal.run(_run_on_asyncio, self.agent, data, transport, session.key)
+            return await portal.run(_run_agent, self.agent, data, self.http_library, transport, session.key)
 
     async def _run_subproc(self, endpoint: OpenAIEndpoint, session: AgentSession, data: Any) -> Any:
         payload = pickle.dumps(((self.agent, data, self.subproc_backend), {}))
@@ -216,9 +224,9 @@ class AgentRolloutWorkflow(RolloutWorkflow):
             raise AgentProcessError(str(exc)) from None
 
 
-async def _run_on_asyncio(agent: Any, data: Any, transport: httpx.AsyncBaseTransport, key: str) -> Any:
-    """``agent.run`` with an asyncio-side client whose requests the endpoint serves in Trio."""
-    async with httpx.AsyncClient(transport=transport, base_url=_IN_PROCESS_URL, timeout=None) as client:
+async def _run_agent(agent: Any, data: Any, library: Literal["httpx", "httpx2"], transport: httpx.AsyncBaseTransport, key: str) -> Any:
+    """``agent.run`` with a client (of ``library``, on the running loop) whose requests the endpoint serves in Trio."""
+    async with open_agent_client(library, transport, _IN_PROCESS_URL) as client:
         return await agent.run(data, base_url=_IN_PROCESS_URL, http_client=client, api_key=key)
 
 
