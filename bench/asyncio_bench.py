@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.agent_bench import MESSAGES, InstantEngine  # noqa: E402
 from rollout_trio.agents import AgentRolloutWorkflow, OpenAIEndpoint  # noqa: E402
-from rollout_trio.agents._workflow import _run_on_asyncio  # noqa: E402
+from rollout_trio.agents._workflow import _run_agent  # noqa: E402
 
 try:
     import trio_asyncio
@@ -101,7 +101,7 @@ class TrioAsyncioWorkflow(AgentRolloutWorkflow):
         async with AsyncExitStack() as stack:
             if self.loop_per_episode:
                 await stack.enter_async_context(trio_asyncio.open_loop())
-            return await trio_asyncio.aio_as_trio(_run_on_asyncio)(self.agent, data, transport, session.key)
+            return await trio_asyncio.aio_as_trio(_run_agent)(self.agent, data, "httpx", transport, session.key)
 
 
 async def one_round(workflow: AgentRolloutWorkflow, engine: InstantEngine, episodes: int, agents: int, shared_loop: bool) -> float:

@@ -378,14 +378,14 @@ def loadavg() -> list[float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a few seconds per section, fewer rounds")
-    p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure", "agent"], help="run only these sections")
+    p.add_argument("--only", nargs="+", choices=["group", "norm", "client", "failure", "agent", "sdk"], help="run only these sections")
     p.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5, quick 2)")
     p.add_argument("--out", type=Path, help="result file (default bench/results/<date>[-quick].json)")
     p.add_argument("--profile", type=int, metavar="G", help="profile one group measurement at G on both sides, then stop")
     args = p.parse_args()
     quick = args.quick
     rounds = args.rounds or (2 if quick else 5)
-    sections = args.only or ["group", "norm", "client", "failure", "agent"]
+    sections = args.only or ["group", "norm", "client", "failure", "agent", "sdk"]
     torch.set_num_threads(1)
 
     areal = Areal(areal_env.ensure())
@@ -464,6 +464,13 @@ def main() -> int:
                 f"  direct {r['direct']:,.0f}  in-process httpx {r['in_process']:,.0f}  httpx alone {r['alone']:,.0f}"
                 f"  ratio {r['ratio']:.2f}x, ceiling 1 / (1 + direct/alone) = {r['ceiling']:.2f}x{mark}"
             )
+        if "sdk" in sections:
+            from bench import agent_sdk_bench
+
+            episodes, subproc = (128, 8) if quick else (512, 32)
+            print("\nf. an openai-agents agent in process vs in subprocess mode vs a native Trio agent, instant engine (completions/s)")
+            results["sdk"] = r = trio.run(agent_sdk_bench.measure, episodes, subproc, 64, rounds, 0.0, 4)
+            print(agent_sdk_bench.report(r), flush=True)
     finally:
         areal.close()
     results["load_after"] = loadavg()
