@@ -143,7 +143,11 @@ def tiny_image_processor(*, min_pixels: int = 56 * 56, max_pixels: int = 112 * 1
 
 def tiny_vlm_processor() -> ImageOnlyProcessor:
     """The processor of :func:`tiny_vlm` without the model (what a replay or a data
-    pipeline needs): :func:`tiny_image_processor` over :func:`vlm_tokenizer`."""
+    pipeline needs).
+
+    Returns:
+        An :class:`ImageOnlyProcessor`: :func:`tiny_image_processor` over :func:`vlm_tokenizer`.
+    """
     return ImageOnlyProcessor(image_processor=tiny_image_processor(), tokenizer=vlm_tokenizer())
 
 
