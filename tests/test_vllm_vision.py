@@ -2,8 +2,10 @@
 image_url parts filled with the request's images, to /v1/chat/completions; the server's
 own prompt tokens are checked against the request's, and an aborted answer restarts.
 
-The server is vLLM's HTTP surface replayed through httpx.MockTransport (no vLLM runs on
-this machine's CPU); the request is the tiny VLM's real processor output."""
+The server is vLLM's HTTP surface replayed through httpx.MockTransport; the request is the
+tiny VLM's real processor output. One exchange captured from a real vLLM serving the tiny
+VLM (tests/fixtures/vllm_vision) is checked at the end; tests/test_vllm_vision_live.py
+talks to such a server."""
 
 from __future__ import annotations
 
