@@ -35,9 +35,11 @@ __all__ = [
     "ImageOnlyProcessor",
     "colour_transitions",
     "load_vlm",
+    "load_vlm_processor",
     "save_vlm",
     "tiny_image_processor",
     "tiny_vlm",
+    "tiny_vlm_processor",
     "vlm_tokenizer",
 ]
 
@@ -139,6 +141,16 @@ def tiny_image_processor(*, min_pixels: int = 56 * 56, max_pixels: int = 112 * 1
     )
 
 
+def tiny_vlm_processor() -> ImageOnlyProcessor:
+    """The processor of :func:`tiny_vlm` without the model (what a replay or a data
+    pipeline needs).
+
+    Returns:
+        An :class:`ImageOnlyProcessor`: :func:`tiny_image_processor` over :func:`vlm_tokenizer`.
+    """
+    return ImageOnlyProcessor(image_processor=tiny_image_processor(), tokenizer=vlm_tokenizer())
+
+
 def colour_transitions() -> dict[int, dict[int, float]]:
     """The default chain of :func:`tiny_vlm`: after the generation prompt's newline one of
     ``r``, ``g``, ``b`` (equally likely), then ``<|im_end|>``."""
@@ -214,8 +226,8 @@ def tiny_vlm(
     """
     from transformers import Qwen2VLForConditionalGeneration
 
-    tokenizer = vlm_tokenizer()
-    processor = ImageOnlyProcessor(image_processor=tiny_image_processor(), tokenizer=tokenizer)
+    processor = tiny_vlm_processor()
+    tokenizer = processor.tokenizer
     vocab_size = len(tokenizer)
     chain = colour_transitions() if transitions is None else transitions
     sources = sorted(chain)
@@ -303,7 +315,7 @@ def load_vlm(
     Raises:
         FileNotFoundError: ``path`` is not a directory.
     """
-    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForImageTextToText
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"load_vlm: path {os.fspath(path)!r} is not a checkpoint directory")
@@ -311,6 +323,27 @@ def load_vlm(
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+    return model.to(device).eval(), load_vlm_processor(path)  # type: ignore[arg-type]  # transformers' stubs
+
+
+def load_vlm_processor(path: str | os.PathLike[str]) -> Any:
+    """The processor of a local checkpoint directory, without its model (see :func:`load_vlm`).
+
+    Args:
+        path: the checkpoint (or processor) directory.
+
+    Returns:
+        ``AutoProcessor``'s where that loads a multimodal processor, else an
+        :class:`ImageOnlyProcessor` over the directory's tokenizer and PIL image processor.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        OSError: the directory holds no tokenizer or image processor.
+    """
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"load_vlm_processor: path {os.fspath(path)!r} is not a directory")
     try:
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
         if not hasattr(processor, "image_processor"):
@@ -319,5 +352,5 @@ def load_vlm(
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         image_processor = AutoImageProcessor.from_pretrained(path, local_files_only=True, backend="pil")
         processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
-    return model.to(device).eval(), processor  # type: ignore[arg-type]  # transformers' stubs
+    return processor
 

@@ -7,7 +7,7 @@ import torch
 torch.set_num_threads(1)
 
 # One real vLLM server per test session for the live modules (started only when one asks).
-from .vllm_server import vllm_checkpoints, vllm_server, vllm_url  # noqa: F401
+from .vllm_server import vllm_checkpoints, vllm_server, vllm_url, vllm_vision_url  # noqa: F401
 
 
 # Under pytest-xdist (the README's test command runs -n 4), each module of tests/ runs on one

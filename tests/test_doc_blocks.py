@@ -15,6 +15,8 @@ file the README made before it), and the fixture of that name provides it here:
   comma-separated), which default to what ``rollout-trio fleet --port 30000`` prints.
 - ``run_dump``: the dump ``rollout-trio run --groups 4 --dump runs`` writes, in the block's
   directory.
+- ``vision_run_dump``: the dump ``rollout-trio run --task vision --groups 2 --group-size 4
+  --max-new-tokens 2 --dump runs`` writes, in the block's directory.
 
 Why a collector of our own and not pytest-markdown-docs or pytest-codeblocks (measured on
 pytest-markdown-docs 0.9.2 and pytest-codeblocks 0.18.0): both collect only files under
@@ -48,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`]*)$")
 #: what a fence's info string may ask for (each is a fixture of this module)
-FIXTURES = ("fleet", "run_dump")
+FIXTURES = ("fleet", "run_dump", "vision_run_dump")
 
 
 @attrs.frozen
@@ -189,6 +191,17 @@ def run_dump(pasted, capsys):
     from rollout_trio.cli import main
 
     assert main(["run", "--groups", "4", "--dump", "runs", "--no-progress"]) == 0
+    capsys.readouterr()
+    return pasted / "runs"
+
+
+@pytest.fixture
+def vision_run_dump(pasted, capsys):
+    """``rollout-trio run --task vision ... --dump runs`` (the tiny VLM) in the block's directory."""
+    from rollout_trio.cli import main
+
+    argv = ["run", "--task", "vision", "--groups", "2", "--group-size", "4", "--max-new-tokens", "2", "--dump", "runs", "--no-progress"]
+    assert main(argv) == 0
     capsys.readouterr()
     return pasted / "runs"
 

@@ -139,6 +139,28 @@ def rewrite(lines: Path, old: str, new: str) -> None:
     lines.write_text(text.replace(old, new))
 
 
+def replace_content(lines: Path, images: Path, data: bytes) -> Path:
+    """``images`` rewritten with ``data`` under the name of its digest, the line following:
+    what gets past the digest check, so the checks after it are reached."""
+    import hashlib
+
+    task = images.name.partition(".mm-")[0]
+    renamed = images.with_name(f"{task}.mm-{hashlib.sha256(data).hexdigest()[:16]}.safetensors")
+    images.unlink()
+    renamed.write_bytes(data)
+    rewrite(lines, images.name, renamed.name)
+    return renamed
+
+
+def test_a_changed_byte_is_refused_by_the_digest_in_the_file_name(vision_dump, tmp_path) -> None:
+    root, _, images = copy_of(vision_dump, tmp_path)
+    data = bytearray(images.read_bytes())
+    data[-1] ^= 1  # a pixel value's last byte: still a well-formed safetensors file
+    images.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{images.name}: its content does not match the digest in its name .*tampered or truncated"):
+        read_dump(root)
+
+
 def test_a_line_naming_a_path_outside_its_directory_is_refused(vision_dump, tmp_path) -> None:
     root, lines, images = copy_of(vision_dump, tmp_path)
     rewrite(lines, images.name, "../../" + images.name)
@@ -166,10 +188,10 @@ def test_an_image_file_over_the_bound_is_refused_before_it_is_read(vision_dump, 
 def test_garbage_a_missing_file_and_an_unknown_index_are_errors_naming_the_line(vision_dump, tmp_path) -> None:
     root, lines, images = copy_of(vision_dump, tmp_path)
     data = images.read_bytes()
-    images.write_bytes(b"\xff" * 64)
+    garbage = replace_content(lines, images, b"\xff" * 64)
     with pytest.raises(ValueError, match=r"\.jsonl:1: not a dump record: .*not a safetensors file"):
         read_dump(root)
-    images.write_bytes(data)
+    images = replace_content(lines, garbage, data)
     rewrite(lines, '"index": 0', '"index": 7')
     with pytest.raises(ValueError, match=r"multi_modal_input\.index: 7 is not in"):
         read_dump(root)
@@ -183,9 +205,9 @@ def test_garbage_a_missing_file_and_an_unknown_index_are_errors_naming_the_line(
 def test_tensors_that_do_not_match_the_rows_placeholders_are_refused(vision_dump, tmp_path) -> None:
     from safetensors.torch import load, save
 
-    root, _, images = copy_of(vision_dump, tmp_path)
+    root, lines, images = copy_of(vision_dump, tmp_path)
     flat = load(images.read_bytes())
     flat["0/pixel_values"] = flat["0/pixel_values"][:-4]  # rows the grid does not make
-    images.write_bytes(save(flat))
+    replace_content(lines, images, save(flat))
     with pytest.raises(ValueError, match="pixel_values has 12 rows"):
         read_dump(root)

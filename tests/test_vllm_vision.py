@@ -2,8 +2,10 @@
 image_url parts filled with the request's images, to /v1/chat/completions; the server's
 own prompt tokens are checked against the request's, and an aborted answer restarts.
 
-The server is vLLM's HTTP surface replayed through httpx.MockTransport (no vLLM runs on
-this machine's CPU); the request is the tiny VLM's real processor output."""
+The server is vLLM's HTTP surface replayed through httpx.MockTransport; the request is the
+tiny VLM's real processor output. One exchange captured from a real vLLM serving the tiny
+VLM (tests/fixtures/vllm_vision) is checked at the end; tests/test_vllm_vision_live.py
+talks to such a server."""
 
 from __future__ import annotations
 
@@ -158,3 +160,31 @@ def test_malformed_chat_answers_are_protocol_errors(mutate, rule) -> None:
     mutate(body)
     with pytest.raises(EngineProtocolError, match=rule):
         parse_chat(body)
+
+
+# ------------------------------------------- one exchange captured from a real vLLM server
+
+CAPTURED = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "vllm_vision"
+
+
+async def test_the_captured_vllm_exchange_is_what_remote_engine_sends_and_reads() -> None:
+    """tests/fixtures/vllm_vision: vLLM 0.32 (CPU) serving the tiny VLM answered the request
+    RemoteEngine sends today, and the answer is the local model's greedy one."""
+    from tests.vision_helpers import reference
+
+    request = json.loads((CAPTURED / "chat_image.request.json").read_text())
+    response = json.loads((CAPTURED / "chat_image.response.json").read_text())
+    assert response["status"] == 200
+    req = vision_request(gconfig=GenerationConfig(max_new_tokens=4, greedy=True))
+    fake = FakeVisionVLLM()
+    fake.script = [response["body"]]
+    with trio.fail_after(10):
+        async with engine(fake) as eng:
+            resp = await eng.agenerate(req)
+    (sent,) = chat_calls(fake)
+    assert sent == request  # field for field, the image's data URL included
+    model, processor = vlm()
+    tokens, logprobs = reference(model, processor, [image("g")], len(resp.output_tokens))
+    assert list(resp.output_tokens) == tokens == response["body"]["choices"][0]["token_ids"]
+    assert list(resp.output_logprobs) == pytest.approx(logprobs, abs=1e-4)
+    assert list(response["body"]["prompt_token_ids"]) == list(req.input_ids)  # the server's tokenization is ours

@@ -51,8 +51,11 @@ def save_tiny_checkpoint(path: Path, *, perturb_seed: int | None = None) -> Path
 class VLLMServer:
     """One ``vllm`` OpenAI server process (token-in/out routes, dev-mode control routes)."""
 
-    def __init__(self, model: Path, log: Path, port: int | None = None) -> None:
+    def __init__(
+        self, model: Path, log: Path, port: int | None = None, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.model, self.log = model, log
+        self.extra_env, self.extra_args = dict(env or {}), tuple(args)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -62,14 +65,14 @@ class VLLMServer:
         # VLLM_LOG_STATS_INTERVAL: its /metrics gauges (requests running, waiting) are refreshed
         # when it logs its stats, every 10 s by default: the abort test waits on them.
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                   VLLM_LOG_STATS_INTERVAL="0.5")
+                   VLLM_LOG_STATS_INTERVAL="0.5", **self.extra_env)
         argv = [
             str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--host", "127.0.0.1", "--port", str(self.port), "--enable-scale-out",
             "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048", "--dtype", "float32",
             # On CPU this is the share of the machine's memory vLLM reserves (0.92 by default): a
             # tiny model needs little, and other processes on a test machine need the rest.
-            "--gpu-memory-utilization", "0.15",
+            "--gpu-memory-utilization", "0.15", *self.extra_args,
         ]  # fmt: skip
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -136,3 +139,43 @@ def vllm_server(vllm_checkpoints: tuple[Path, Path], tmp_path_factory: pytest.Te
 def vllm_url(vllm_server: VLLMServer | None) -> str:
     """The base URL of the server the live tests talk to."""
     return vllm_server.url if vllm_server is not None else os.environ[URL_ENV]
+
+
+VISION_URL_ENV = "ROLLOUT_TRIO_VLLM_VISION_URL"
+
+
+def vision_available() -> bool:
+    """Whether a vision server can be had: one named by ROLLOUT_TRIO_VLLM_VISION_URL, or the
+    vLLM environment with bench/vllm_vision.py's torchvision overlay to start one."""
+    from bench import vllm_vision
+
+    return bool(os.environ.get(VISION_URL_ENV)) or vllm_vision.ready()
+
+
+VISION_SKIP_REASON = (
+    f"no real vLLM server for the tiny VLM: set {VISION_URL_ENV}, or build the environment and its "
+    "torchvision overlay with `python -m bench.vllm_env && python -m bench.vllm_vision`"
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_vision_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A second server, on the tiny VLM saved as a checkpoint (rollout_trio.models_vision),
+    with the torchvision overlay on its PYTHONPATH; or the one ROLLOUT_TRIO_VLLM_VISION_URL names."""
+    if os.environ.get(VISION_URL_ENV):
+        yield os.environ[VISION_URL_ENV]
+        return
+    from bench import vllm_vision
+    from rollout_trio.models_vision import save_vlm, tiny_vlm
+
+    checkpoint = tmp_path_factory.mktemp("vllm-vlm") / "tiny-vlm"
+    save_vlm(*tiny_vlm(), checkpoint)
+    srv = VLLMServer(
+        checkpoint, tmp_path_factory.mktemp("vllm-vision-log") / "vllm.log",
+        env=vllm_vision.env(), args=("--limit-mm-per-prompt", '{"image": 2, "video": 0}'),
+    )  # fmt: skip
+    srv.start()
+    try:
+        yield srv.url
+    finally:
+        srv.kill()

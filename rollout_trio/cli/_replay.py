@@ -3,9 +3,13 @@
 Each task's dataset item goes through the workflow once per dumped row, against a
 :class:`~rollout_trio.engines.ReplayEngine` that answers with the recorded tokens; the
 rows the workflow builds are compared with the dumped ones (tokens, loss mask,
-logprobs, versions, truncation, raw reward). A row that differs points at the part of
-the workflow that is not a pure function of the model's output: the prompt, the
-packing, or the reward.
+logprobs, versions, truncation, raw reward, and for vision rows the image placeholders
+and the ``multi_modal_input`` tensors, bit for bit). A row that differs points at the
+part of the workflow that is not a pure function of the model's output: the prompt, the
+images, the packing, or the reward.
+
+A vision dump (rows with ``multi_modal_input``) is replayed by default with the vision
+main job's workflow, tasks and processor (``rollout-trio run --task vision``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ def _rows_like_the_dumper(traj: Trajectory) -> list[dict[str, Any]]:
     if traj.loss_mask is None or traj.rewards is None:
         raise ValueError("the workflow's trajectory has no loss_mask or rewards; a dump of it would be empty")
     raw = traj.original_rewards if traj.original_rewards is not None else traj.rewards
+    mm_rows = traj.extras.get("multi_modal_input")
+    types = traj.extras.get("mm_token_type_ids")
     out = []
     for i, seqlen in enumerate(traj.attention_mask.sum(dim=1).tolist()):
         mask = traj.loss_mask[i, :seqlen].tolist()
@@ -82,6 +88,8 @@ def _rows_like_the_dumper(traj: Trajectory) -> list[dict[str, Any]]:
                 "versions": None if traj.versions is None else traj.versions[i, :seqlen].tolist(),
                 "reward": float(raw[i]),
                 "is_truncated": None if traj.is_truncated is None else bool(traj.is_truncated[i]),
+                "multi_modal_input": mm_rows[i] if isinstance(mm_rows, list) else None,
+                "mm_token_type_ids": None if types is None else types[i, :seqlen].tolist(),
             }
         )
     return out
@@ -95,7 +103,20 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any], close: bool = False) -
 
 
 def compare_row(row: Mapping[str, Any], record: DumpRecord, tokenizer: Any = None) -> list[str]:
-    """How a replayed row differs from its dumped record (empty when it reproduces)."""
+    """How a replayed row differs from its dumped record (empty when it reproduces).
+
+    Args:
+        row: a rebuilt row: ``input_ids``, ``loss_mask``, ``logprobs``, ``versions``,
+            ``reward``, ``is_truncated``, and optionally ``mm_token_type_ids`` and
+            ``multi_modal_input`` (a vision row's processor tensors).
+        record: the dumped row (with ``tokens``).
+        tokenizer: shows differing tokens as text when given.
+
+    Returns:
+        One line per difference, each naming the row (``row #k: ...``).
+    """
+    from ._replay_vision import compare_multi_modal
+
     assert record.tokens is not None
     t = record.tokens
     where = f"row #{record.sample_idx}"
@@ -110,12 +131,19 @@ def compare_row(row: Mapping[str, Any], record: DumpRecord, tokenizer: Any = Non
             shown = f": {got!r} vs dumped {want!r}"
         problems.append(f"{where}: input_ids differ from token {at} ({part}){shown}")
     else:
-        for key, dumped, close in (("loss_mask", t.loss_mask, False), ("versions", t.versions, False), ("logprobs", t.logprobs, True)):
-            if row[key] is None or dumped is None:
+        compared: tuple[tuple[str, Sequence[Any] | None, bool], ...] = (
+            ("loss_mask", t.loss_mask, False),
+            ("versions", t.versions, False),
+            ("logprobs", t.logprobs, True),
+            ("mm_token_type_ids", t.mm_token_type_ids, False),
+        )
+        for key, dumped, close in compared:
+            if row.get(key) is None or dumped is None:
                 continue
             at = _first_difference(row[key], dumped, close)
             if at is not None:
                 problems.append(f"{where}: {key} differ at token {at}: {row[key][at]} vs dumped {dumped[at]}")
+    problems.extend(compare_multi_modal(where, row.get("multi_modal_input"), record.multi_modal_input))
     if not math.isclose(row["reward"], record.raw_reward, rel_tol=1e-6, abs_tol=1e-6):
         problems.append(f"{where}: reward {row['reward']:.6g} vs dumped {record.raw_reward:.6g}")
     if row["is_truncated"] is not None and record.is_truncated is not None and row["is_truncated"] != record.is_truncated:
@@ -177,30 +205,49 @@ async def replay_task(
     return report
 
 
-def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int) -> RolloutWorkflow:
-    """The workflow named ``module:attribute`` (a synchronous function is a factory called with
-    the tokenizer), or by default the main job's: RLVR on toy arithmetic. The module may
-    lie in the current directory, as for ``python -m``."""
+def _takes_processor(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "processor" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def load_workflow(spec: str | None, tokenizer: Any, max_new_tokens: int, processor: Any = None) -> RolloutWorkflow:
+    """The workflow named ``module:attribute``, or by default the main job's: RLVR on toy
+    arithmetic, or with a ``processor`` (a vision dump) the vision main job's
+    :class:`~rollout_trio.workflows.VisionRLVRWorkflow` on the image's colour.
+
+    A synchronous function is a factory called with the tokenizer (and ``processor=`` when
+    there is one and it takes that keyword). The module may lie in the current directory,
+    as for ``python -m``."""
     from .._config import GenerationConfig
     from .._workflow import resolve_workflow
 
     if spec is None:
+        if processor is not None:
+            from ._replay_vision import default_vision_workflow
+
+            return resolve_workflow(default_vision_workflow(processor, max_new_tokens))
         from ..workflows import arithmetic_reward, rlvr_workflow
 
         return resolve_workflow(rlvr_workflow(tokenizer, arithmetic_reward, GenerationConfig(max_new_tokens=max_new_tokens)))
     obj = import_object(spec)
     if inspect.isfunction(obj) and not inspect.iscoroutinefunction(obj):
-        obj = obj(tokenizer)
+        obj = obj(tokenizer, processor=processor) if processor is not None and _takes_processor(obj) else obj(tokenizer)
     return resolve_workflow(obj)
 
 
-def load_data(path: str | None, task_ids: Sequence[int], seed: int) -> Callable[[int], Any]:
+def load_data(path: str | None, task_ids: Sequence[int], seed: int, vision: bool = False) -> Callable[[int], Any]:
     """``task_id -> dataset item``: line ``k`` of a JSONL file (or item ``k`` of a JSON list),
-    or by default the main job's arithmetic prompts for ``seed``."""
+    or by default the main job's prompts for ``seed`` (arithmetic, or with ``vision`` the
+    coloured images of ``run --task vision``)."""
     if path is None:
         from ..workflows import arithmetic_prompts
+        from ._replay_vision import default_vision_data
 
-        items: list[Any] = arithmetic_prompts(max(task_ids) + 1, seed=seed) if task_ids else []
+        make = default_vision_data if vision else arithmetic_prompts
+        items: list[Any] = make(max(task_ids) + 1, seed=seed) if task_ids else []
     else:
         text = Path(path).read_text(encoding="utf-8")
         items = json.loads(text) if path.endswith(".json") else [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -242,7 +289,10 @@ def _parser() -> Parser:
         help="replay only this task id, repeatable (default: every task)",
     )
     p.add_argument(
-        "--tokenizer", metavar="DIR", help="a local tokenizer directory (default: the built-in tiny model's)"
+        "--tokenizer",
+        metavar="DIR",
+        help="a local tokenizer directory, for a vision dump a processor (checkpoint) directory "
+        "(default: the built-in tiny model's, or tiny VLM's)",
     )
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=8, help="the default workflow's limit, as the main job's"
@@ -250,8 +300,8 @@ def _parser() -> Parser:
     return p
 
 
-async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
-    from ..engines import ReplayEngine
+def _read(args: argparse.Namespace) -> dict[tuple[bool, int], list[DumpRecord]]:
+    """The records of the tasks asked for, by task (image files read and checked)."""
     from ..executor._dump import iter_dump
 
     by_task: dict[tuple[bool, int], list[DumpRecord]] = {}
@@ -264,8 +314,16 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
         raise ValueError(f"no dump records under {args.dump_dir}")
     if not by_task:
         raise ValueError(f"tasks {args.task} are not in the dump")
-    workflow = load_workflow(args.workflow, tokenizer, args.max_new_tokens)
-    data = load_data(args.data, [task for _, task in by_task], args.seed)
+    return by_task
+
+
+async def _replay(
+    args: argparse.Namespace, tokenizer: Any, processor: Any, by_task: dict[tuple[bool, int], list[DumpRecord]]
+) -> int:
+    from ..engines import ReplayEngine
+
+    workflow = load_workflow(args.workflow, tokenizer, args.max_new_tokens, processor)
+    data = load_data(args.data, [task for _, task in by_task], args.seed, vision=processor is not None)
     engine = ReplayEngine([r for rows in by_task.values() for r in rows], tokenizer=tokenizer)
     reports = []
     async with engine, interruptible("stopping; the tasks replayed so far follow") as interrupt:
@@ -297,13 +355,20 @@ async def _replay(args: argparse.Namespace, tokenizer: Any) -> int:
 def _main(args: argparse.Namespace) -> int:
     check_dump_path(args.dump_dir)  # before transformers and torch load: this answers at once
     with starting():  # transformers loads here, once the options parsed
-        if args.tokenizer is not None:
+        by_task = _read(args)  # a missing or tampered image file ends here, in one line
+        processor = None
+        if any(r.multi_modal_input is not None for rows in by_task.values() for r in rows):
+            from ._replay_vision import load_processor
+
+            processor = load_processor(args.tokenizer)
+            tokenizer = processor.tokenizer
+        elif args.tokenizer is not None:
             tokenizer = load_tokenizer(args.tokenizer)
         else:
             from ..models import byte_tokenizer
 
             tokenizer = byte_tokenizer()
-    return run_trio(_replay, args, tokenizer)
+    return run_trio(_replay, args, tokenizer, processor, by_task)
 
 
 def replay_main(argv: Sequence[str]) -> int:

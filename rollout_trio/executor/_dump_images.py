@@ -12,7 +12,8 @@ the same task writes a new one), and each row's line names it::
 Safetensors is a header of JSON and raw little-endian arrays, read without unpickling
 anything; the reader bounds the file's size before reading it, checks the name against
 its pattern (no path leaves the line's directory), opens it without following symlinks,
-and checks the tensors it loads with the same rules as a trajectory's.
+checks that the content's digest is the name's (a changed byte is an error, not other
+pixels), and checks the tensors it loads with the same rules as a trajectory's.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def load_images(directory: Path, name: str, *, max_bytes: int = MAX_IMAGE_FILE_B
 
     Raises:
         ValueError: ``name`` is not an image file name, the file is missing, is not a
-            regular file, is larger than ``max_bytes``, or is not a safetensors file of
+            regular file, is larger than ``max_bytes``, its content's SHA-256 is not the
+            digest in its name (tampered or truncated), or it is not a safetensors file of
             ``index/key`` tensors.
     """
     from safetensors import SafetensorError
@@ -108,6 +110,9 @@ def load_images(directory: Path, name: str, *, max_bytes: int = MAX_IMAGE_FILE_B
         if info.st_size > max_bytes:
             raise ValueError(f"{directory / name}: {info.st_size} bytes, more than max_image_bytes={max_bytes}")
         data = fh.read(max_bytes + 1)
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    if name.partition(".mm-")[2] != f"{digest}.safetensors":  # the name is the content's digest
+        raise ValueError(f"{directory / name}: its content does not match the digest in its name (sha256 {digest}...): tampered or truncated")
     try:
         flat = load(data)
     except (SafetensorError, ValueError, OverflowError) as exc:
