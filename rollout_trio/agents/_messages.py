@@ -89,8 +89,10 @@ def _message(m: Any, i: int) -> list[dict[str, Any]]:
     if not isinstance(m, dict):
         raise _bad(at, f"must be an object, got {type(m).__name__}")
     role = m.get("role")
+    if role == "system":  # a mid-conversation system message (what the Claude Code CLI sends)
+        return [{"role": "system", "content": _text(m.get("content"), f"{at}.content")}]
     if role not in ("user", "assistant"):
-        raise _bad(f"{at}.role", f"must be 'user' or 'assistant', got {role!r}")
+        raise _bad(f"{at}.role", f"must be 'user', 'assistant' or 'system', got {role!r}")
     content = m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
