@@ -114,3 +114,18 @@ async def test_a_session_key_works_for_every_api_of_its_session_only():
     assert set(s1.interactions) == {r1.json()["id"], r2.json()["id"], r3.json()["id"]}
     assert set(s2.interactions) == {r4.json()["id"]}
     assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+
+
+async def test_a_mid_conversation_system_message_becomes_a_chat_system_message():
+    """The Claude Code CLI sends ``{"role": "system"}`` inside ``messages`` (a beta) and system
+    blocks with ``cache_control``; both are templated as chat system messages."""
+    ep = OpenAIEndpoint(texts_engine(["5"]))
+    body = {"max_tokens": 8, "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [*USER, {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}],
+            "thinking": {"type": "adaptive"}, "context_management": {"edits": []}, "output_config": {"effort": "low"}}  # fmt: skip
+    with ep.session() as s:
+        async with httpx.AsyncClient(transport=ep.in_process_transport(), base_url="http://agent") as client:
+            r = await client.post("/v1/messages?beta=true", json=body, headers={"x-api-key": s.key})
+    assert r.status_code == 200, r.text
+    [turn] = s.interactions.values()
+    assert turn.messages == [{"role": "system", "content": "Be brief."}, *USER, {"role": "system", "content": "# Environment"}]

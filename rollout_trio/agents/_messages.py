@@ -28,7 +28,7 @@ MESSAGES_PATH = "/v1/messages"
 logger = logging.getLogger("rollout_trio.agents")
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                409: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
+                408: "timeout_error", 409: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error"}  # fmt: skip
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
@@ -89,8 +89,10 @@ def _message(m: Any, i: int) -> list[dict[str, Any]]:
     if not isinstance(m, dict):
         raise _bad(at, f"must be an object, got {type(m).__name__}")
     role = m.get("role")
+    if role == "system":  # a mid-conversation system message (what the Claude Code CLI sends)
+        return [{"role": "system", "content": _text(m.get("content"), f"{at}.content")}]
     if role not in ("user", "assistant"):
-        raise _bad(f"{at}.role", f"must be 'user' or 'assistant', got {role!r}")
+        raise _bad(f"{at}.role", f"must be 'user', 'assistant' or 'system', got {role!r}")
     content = m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -248,8 +250,9 @@ async def create_message(
         return await _create(endpoint, request, in_caller)
     except APIError as exc:
         return Response(exc.status, anthropic_error(exc.status, exc.message))
-    except HTTPError:
-        raise
+    except HTTPError as exc:  # the body's limits (413 too large, 408 too slow): in Anthropic's shape too
+        close = (("connection", "close"),) if exc.close else ()
+        return Response(exc.status, anthropic_error(exc.status, exc.message), headers=exc.headers + close)
     except (
         Exception
     ) as exc:  # an engine failure: a 500 body, never a dropped connection
