@@ -26,7 +26,7 @@ def _scope(nodeid: str) -> str:
 
 # The longest scopes start first, so that none of them is the run's tail.
 LONGEST_FIRST = [
-    "tests/test_ray_fleet.py", *sorted(LIVE_VLLM_MODULES), "tests/test_fleet_router.py", "tests/test_hostile_http.py",
+    "tests/test_ray_fleet.py", *sorted(LIVE_VLLM_MODULES), "tests/test_vllm_vision_live.py", "tests/test_fleet_router.py", "tests/test_hostile_http.py",
     "tests/test_areal_compat.py", "tests/test_reward_boundary.py", "tests/test_observe.py", "tests/test_run_command.py",
 ]  # fmt: skip
 
@@ -39,7 +39,7 @@ SLOW_MODULES = {
         "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "remote_router", "run_vision",
         "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
         "executor_engines", "cli", "cli_top_end", "public_api", "doc_blocks", "serve_vision", "server_app",
-        "hostile_local", "layout", "process_isolation",
+        "hostile_local", "layout", "process_isolation", "vllm_vision_live", "claude_code_cli", "replay_vision",
     )),
     "props/test_executor_machine.py", "props/test_group_local_props.py",
 }  # fmt: skip
