@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import trio
+
 from rollout_trio import ModelResponse
 from rollout_trio.models import byte_tokenizer
 from rollout_trio.testing import ScriptedEngine
@@ -33,3 +35,17 @@ def texts_engine(texts: Iterable[str], *, version: int = 3) -> ScriptedEngine:
     engine = ScriptedEngine(script)
     engine.tokenizer = TOKENIZER
     return engine
+
+
+def hanging_engine(generating: int) -> tuple[ScriptedEngine, trio.Event]:
+    """An engine whose requests never finish, and an event set once ``generating`` are in flight."""
+    all_in = trio.Event()
+
+    async def script(req):
+        if len(engine.in_flight) == generating:
+            all_in.set()
+        await trio.sleep_forever()
+
+    engine = ScriptedEngine(script)
+    engine.tokenizer = TOKENIZER
+    return engine, all_in

@@ -5,14 +5,12 @@ import sys
 import types
 
 import pytest
-import trio
 
 from rollout_trio import GroupedRolloutWorkflow, on_trio, workflow_context
 from rollout_trio._asyncio import current_portal
 from rollout_trio.agents import AgentRolloutWorkflow
-from rollout_trio.testing import ScriptedEngine
 
-from .agent_helpers import TOKENIZER, texts_engine
+from .agent_helpers import hanging_engine, texts_engine
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2+3?"}]}
 
@@ -32,7 +30,7 @@ def agent_module(name: str, source: str, monkeypatch: pytest.MonkeyPatch) -> typ
     """A module made from ``source`` and registered as ``name``, as an agent file would be imported."""
     module = types.ModuleType(name)
     monkeypatch.setitem(sys.modules, name, module)
-    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)  # noqa: S102 - an agent file, as imported
     return module
 
 
@@ -56,7 +54,7 @@ def test_an_agent_defined_in_a_script_is_judged_by_the_globals_its_run_sees():
     """As a script run with ``python`` or a pasted block: ``__main__`` in sys.modules is
     not the namespace the class was made in."""
     namespace = {"__name__": "__main__"}
-    exec(compile(CLAUDE_AGENT, "<pasted>", "exec"), namespace)
+    exec(compile(CLAUDE_AGENT, "<pasted>", "exec"), namespace)  # noqa: S102 - an agent file, as imported
     assert AgentRolloutWorkflow(namespace["Solver"]()).http_library == "httpx2"
 
 
@@ -80,15 +78,7 @@ async def test_an_anthropic_agent_runs_in_process_on_either_host(host, monkeypat
 
 
 async def test_a_failing_slot_cancels_its_anthropic_siblings_and_aborts_their_generations(monkeypatch):
-    both_generate = trio.Event()
-
-    async def script(req):
-        if len(engine.in_flight) == 2:
-            both_generate.set()
-        await trio.sleep_forever()
-
-    engine = ScriptedEngine(script)
-    engine.tokenizer = TOKENIZER
+    engine, both_generate = hanging_engine(2)
     module = agent_module("claude_agent_group", CLAUDE_AGENT, monkeypatch)
 
     class Failing(module.Solver):

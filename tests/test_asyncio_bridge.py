@@ -20,7 +20,7 @@ from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
 from rollout_trio.testing import ScriptedEngine
 
-from .agent_helpers import TOKENIZER, texts_engine
+from .agent_helpers import TOKENIZER, hanging_engine, texts_engine
 
 QUESTION = {"messages": [{"role": "user", "content": "What is 2+3?"}]}
 
@@ -241,15 +241,7 @@ async def test_cancelling_the_episode_cancels_the_asyncio_agent_and_aborts_its_g
 
 
 async def test_one_failing_asyncio_slot_cancels_its_asyncio_siblings_and_their_generations():
-    in_flight = trio.Event()
-
-    async def script(req):
-        if len(engine.in_flight) == 2:
-            in_flight.set()
-        await trio.sleep_forever()
-
-    engine = ScriptedEngine(script)
-    engine.tokenizer = TOKENIZER
+    engine, in_flight = hanging_engine(2)
 
     class Agent(HangingAgent):
         async def run(self, data, **kwargs):
