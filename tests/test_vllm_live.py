@@ -91,22 +91,21 @@ async def test_stop_token_is_reported() -> None:
     assert resp.stop_reason == "stop" and resp.output_tokens[-1] == stop_id
 
 
-async def metric_samples() -> list[Sample]:
+async def metric_samples(client: httpx.AsyncClient) -> list[Sample]:
     """Every sample of the server's /metrics, read with prometheus-client's parser."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(URL.rstrip("/") + "/metrics")).text
+    text = (await client.get(URL.rstrip("/") + "/metrics")).text
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
-async def metric(name: str) -> float:
+async def metric(client: httpx.AsyncClient, name: str) -> float:
     """Sample ``name`` summed over its labels (engines, models)."""
-    return sum(s.value for s in await metric_samples() if s.name == name)
+    return sum(s.value for s in await metric_samples(client) if s.name == name)
 
 
-async def finished_counts() -> dict[str, float]:
+async def finished_counts(client: httpx.AsyncClient) -> dict[str, float]:
     """vLLM's counters of finished requests, by reason."""
     out: dict[str, float] = {}
-    for s in await metric_samples():
+    for s in await metric_samples(client):
         if s.name == "vllm:request_success_total":
             reason = s.labels["finished_reason"]
             out[reason] = out.get(reason, 0.0) + s.value
@@ -119,36 +118,76 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
         await trio.sleep(0.05)
 
 
-async def test_cancelled_requests_are_aborted_on_the_server() -> None:
+# Measured on vLLM 0.32's CPU build on 2 cores: while a batch decodes, a new connection to the
+# server (a /metrics poll, curl, or the engine's abort) often waits until the batch ends, while a
+# connection opened before answers in 5 ms. So the polls below keep one connection, and a round
+# is judged only when the server took a fresh connection while it held the requests (else no
+# abort can reach it in time, and the round says nothing about ours). Up to ROUNDS run.
+ROUNDS = 5
+
+
+async def _takes_new_connections() -> bool:
+    """Whether the server answers on a fresh connection within a second."""
+    async with httpx.AsyncClient() as fresh:
+        with trio.move_on_after(1):
+            return (await fresh.get(URL.rstrip("/") + "/health")).status_code == 200
+    return False
+
+
+async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: int) -> bool:
+    """Start 4 long requests and cancel them once the server holds all four; wait until it is
+    idle. Whether the round can be judged: the server was seen holding them, taking new
+    connections (the aborts')."""
     g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
-    before = await finished_counts()
-    with trio.fail_after(120):
-        async with engine(abort_grace=5) as eng:
+    seen = False
+    async with trio.open_nursery() as nursery:
 
-            async def in_flight() -> bool:
-                running = await metric("vllm:num_requests_running")
-                return running + await metric("vllm:num_requests_waiting") >= 4
-
-            async with trio.open_nursery() as nursery:
+        async def four() -> None:
+            async with trio.open_nursery() as inner:
                 for i in range(4):
-                    nursery.start_soon(eng.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g, rid=f"live-cancel-{i}"))
-                # Cancel once the server holds all four (its state, not a guess at timing).
-                await until(in_flight)
+                    req = ModelRequest(input_ids=PROMPT, gconfig=g, rid=f"live-cancel-{attempt}-{i}")
+                    inner.start_soon(eng.agenerate, req)
+            nursery.cancel_scope.cancel()  # they ended unobserved
+
+        nursery.start_soon(four)
+        # Cancel once the server holds all four (its state, not a guess at timing).
+        while True:
+            running = await metric(polls, "vllm:num_requests_running")
+            if running + await metric(polls, "vllm:num_requests_waiting") >= 4:
+                seen = await _takes_new_connections()
                 nursery.cancel_scope.cancel()
+                break
+            await trio.sleep(0.05)
 
-            async def idle() -> bool:
-                return await metric("vllm:num_requests_running") == 0 and await metric("vllm:num_requests_waiting") == 0
+    async def idle() -> bool:
+        running = await metric(polls, "vllm:num_requests_running")
+        return running == 0 and await metric(polls, "vllm:num_requests_waiting") == 0
 
-            await until(idle)  # aborted, or (without the aborts) run to their LONG tokens
-            after = await finished_counts()
+    await until(idle)  # aborted, or (without the aborts) run to their LONGEST tokens
+    return seen
+
+
+async def test_cancelled_requests_are_aborted_on_the_server() -> None:
+    with trio.fail_after(60 * ROUNDS):
+        async with engine(abort_grace=5) as eng, httpx.AsyncClient(timeout=60) as polls:
+            for attempt in range(ROUNDS):
+                before = await finished_counts(polls)
+                seen = await _cancel_round(eng, polls, attempt)
+                after = await finished_counts(polls)
+                if seen:
+                    break
+            else:
+                pytest.skip(
+                    f"in {ROUNDS} rounds the server never took a new connection while it held the 4 requests:"
+                    " no abort could reach it in time (a vLLM CPU server starved on a small machine)"
+                )
             resp = await eng.agenerate(
                 ModelRequest(input_ids=PROMPT, gconfig=GenerationConfig(max_new_tokens=2, ignore_eos=True))
             )
     assert resp.output_len == 2
-    # vLLM counts aborted requests under no reason; at most one new finished request is the
-    # start-up probe (a 1-token generation): none of the cancelled requests ran to its end.
+    # vLLM counts aborted requests under no reason: none of the cancelled requests ran to its end.
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in ("stop", "length")}
-    assert grew["length"] + grew["stop"] <= 1, grew
+    assert grew["length"] + grew["stop"] == 0, (attempt, grew)
 
 
 async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
@@ -181,32 +220,41 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
 
 
 async def test_backend_abort_uses_the_server_side_id() -> None:
-    """The abort our backend builds stops a live request (its connection stays open)."""
+    """The abort our backend builds stops a live request (its connection stays open). An abort
+    that reaches the server before the request is a no-op, and a starved server may answer the
+    next one only after the request ended: a round can miss, so up to ROUNDS run; with a wrong
+    id every round runs to its end."""
+    from rollout_trio.engines._remote_wire import HttpCall
     from rollout_trio.engines._vllm import VLLMBackend
 
     backend = VLLMBackend("tito")
     g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
-    gen = backend.generate(PROMPT, g, max_new=LONGEST, min_new=0, rid="live-abort-id")
-    abort = backend.abort("live-abort-id")
-    assert abort is not None
     base = URL.rstrip("/")
-    result = {}
-    with trio.fail_after(60):
-        async with httpx.AsyncClient(timeout=60) as client:
+    outcomes = []
+    for attempt in range(ROUNDS):
+        rid = f"live-abort-id-{attempt}"
+        gen = backend.generate(PROMPT, g, max_new=LONGEST, min_new=0, rid=rid)
+        abort = backend.abort(rid)
+        assert abort is not None
+        result: dict[str, httpx.Response] = {}
+        with trio.fail_after(60):
+            async with httpx.AsyncClient(timeout=60) as client:
 
-            async def run() -> None:
-                result["r"] = await client.post(base + gen.path, json=gen.json)
+                async def run(gen: HttpCall = gen, result: dict[str, httpx.Response] = result) -> None:
+                    result["r"] = await client.post(base + gen.path, json=gen.json)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(run)
-                # Abort until the answer comes back: an abort sent before the server has
-                # the request is a no-op (its metrics lag too much to wait on them).
-                while "r" not in result:
-                    r = await client.post(base + abort.path, json=abort.json)
-                    assert r.status_code == 200
-                    await trio.sleep(0.05)
-    seg = backend.parse(result["r"].json())
-    assert seg.stop_reason == "abort" and len(seg.tokens) < LONGEST
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(run)
+                    # Abort until the answer comes back (its metrics lag too much to wait on them).
+                    while "r" not in result:
+                        r = await client.post(base + abort.path, json=abort.json)
+                        assert r.status_code == 200
+                        await trio.sleep(0.05)
+        seg = backend.parse(result["r"].json())
+        outcomes.append((seg.stop_reason, len(seg.tokens)))
+        if seg.stop_reason == "abort":
+            break
+    assert outcomes[-1][0] == "abort" and outcomes[-1][1] < LONGEST, outcomes
 
 
 # ------------------------------------------------------------- weights, and a server that dies
