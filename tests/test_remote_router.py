@@ -134,24 +134,34 @@ async def test_updates_with_requests_in_flight_lose_nothing(fleet: Fleet, tmp_pa
     model.save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     g = GenerationConfig(max_new_tokens=24, ignore_eos=True)
-    results = []
+    results: dict[int, list[Any]] = {1: [], 2: []}
     with trio.fail_after(100):
         async with engine(fleet) as eng:
             start = eng.get_version()
 
-            async def one(i: int) -> None:
-                results.append(await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g, rid=f"inflight-{i}")))
+            async def one(wave: int, i: int) -> None:
+                rid = f"inflight-{wave}-{i}"
+                results[wave].append(await eng.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g, rid=rid)))
+
+            async def wave_on_a_worker(wave: int) -> bool:
+                stats = [await w.astats() for w in fleet.workers]
+                return any(r.startswith(f"inflight-{wave}-") for s in stats for r in s["in_flight_rids"])
 
             async with trio.open_nursery() as nursery:
-                for i in range(8):
-                    nursery.start_soon(one, i)
+                # A wave of 4 before each update: the update waits until its wave is on a
+                # worker, or has already finished (on a loaded machine it may finish between
+                # two looks; waiting for requests that no longer exist would wait forever).
                 for k in (1, 2):
-                    while not any([(await w.astats())["in_flight_rids"] for w in fleet.workers]):
+                    for i in range(4):
+                        nursery.start_soon(one, k, i)
+                    while len(results[k]) < 4 and not await wave_on_a_worker(k):
                         await trio.sleep(0.02)
                     await eng.update_weights(str(ckpt), start + k)
             assert eng.get_version() == start + 2
-    assert len(results) == 8  # 0 lost
-    for r in results:
+    assert [len(results[1]), len(results[2])] == [4, 4]  # 0 lost
+    results_all = results[1] + results[2]
+    assert all(r.output_versions[0] >= start + 1 for r in results[2])  # sent after the first update
+    for r in results_all:
         versions = list(r.output_versions)
         assert r.output_len == 24 and versions == sorted(versions) and start <= versions[0] <= versions[-1] <= start + 2
     for w in fleet.workers:
