@@ -1,10 +1,18 @@
 import importlib.util
+import signal
 
 import pytest
 import torch
 
 # Bitwise-repeatable CPU arithmetic in every test process.
 torch.set_num_threads(1)
+
+# A suite started in the background of a script (`pytest … &`) inherits Ctrl-C ignored, and
+# so would every program the tests start and then interrupt: the tests check what a Ctrl-C
+# from a terminal does, so the processes they start get the default (a handled signal is
+# reset to the default on exec; an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One real vLLM server per test session for the live modules (started only when one asks).
 from .vllm_server import vllm_checkpoints, vllm_server, vllm_url, vllm_vision_url  # noqa: F401

@@ -36,3 +36,6 @@ def reaped(proc):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:  # closed here, not by the collector in some later test
+                pipe.close()

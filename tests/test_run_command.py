@@ -63,8 +63,11 @@ def test_sigterm_keeps_the_buffered_summary_and_exits_143() -> None:
     assert "not finished" in out and "group statistics" in out and " episodes in " in out, out
 
 
-def test_sigterm_while_starting_is_one_line_and_143() -> None:
-    status, err = _signal_once_importing(re.compile(r"\| +torch\.\w+$"), signal.SIGTERM)
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["ctrl-c-default", "ctrl-c-ignored"])
+def test_sigterm_while_starting_is_one_line_and_143(sigint: signal.Handlers) -> None:
+    """Also when started with Ctrl-C ignored (`rollout-trio run &` in a script): SIGTERM,
+    which the command turns into Ctrl-C, did nothing then (it exited 0 after its run)."""
+    status, err = _signal_once_importing(re.compile(r"\| +torch\.\w+$"), signal.SIGTERM, sigint=sigint)
     assert status == 143
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
     assert said == ["rollout-trio run: terminated while starting; nothing ran"], said
@@ -95,12 +98,16 @@ def _interrupt_once_importing(marker: re.Pattern[str]) -> tuple[int, str]:
     return _signal_once_importing(marker, signal.SIGINT)
 
 
-def _signal_once_importing(marker: re.Pattern[str], signum: int) -> tuple[int, str]:
-    """Start ``rollout-trio run``, send ``signum`` once ``-X importtime`` shows ``marker`` imported."""
+def _signal_once_importing(
+    marker: re.Pattern[str], signum: int, sigint: signal.Handlers = signal.SIG_DFL
+) -> tuple[int, str]:
+    """Start ``rollout-trio run`` (Ctrl-C's disposition ``sigint``), send ``signum`` once
+    ``-X importtime`` shows ``marker`` imported."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPROFILEIMPORTTIME="1")
     with reaped(subprocess.Popen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )) as proc:  # fmt: skip
         assert proc.stderr is not None
         seen = []

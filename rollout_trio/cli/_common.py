@@ -498,10 +498,18 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
     except ValueError:  # not the main thread: signals are not ours to handle
         yield
         return
+    # A command started with Ctrl-C ignored (`cmd &` in a script: the shell ignores SIGINT
+    # for it) would ignore the Ctrl-C its SIGTERM becomes, and a `kill` would do nothing.
+    # It takes Ctrl-C back, as Python gives it to a program started normally.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def stopped_by() -> tuple[str, int]:
