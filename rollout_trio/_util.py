@@ -7,6 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 
+# mutmut (mutation testing, README "Developing") adds a method copy per mutant, named
+# ``xǁClassǁmethod__mutmut_…``, and maps tests to mutants by each copy's ``__module__``:
+# rewritten to the public module, no test reached the methods of a public class.
+_MUTMUT_MARK = "__mutmut_"
+
+
 def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
     """Make public names report the public module (``rollout_trio.X``), as Trio does.
 
@@ -30,7 +36,8 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
             if isinstance(obj, type):
                 obj.__qualname__ = qualname
                 for attr_name, attr_value in obj.__dict__.items():
-                    fix(attr_name, attr_value, f"{qualname}.{attr_name}")
+                    if _MUTMUT_MARK not in attr_name:
+                        fix(attr_name, attr_value, f"{qualname}.{attr_name}")
 
     for name, obj in namespace.items():
         if not name.startswith("_") and (isinstance(obj, type) or callable(obj)):

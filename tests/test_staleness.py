@@ -270,3 +270,60 @@ def test_54_data_parallel_scaling() -> None:
 def test_dp_size_validated() -> None:
     with pytest.raises(ValueError, match="dp_size"):
         StalenessManager.for_data_parallel(Version(), max_concurrent_rollouts=1, consumer_batch_size=1, max_staleness=0, dp_size=0)
+
+
+def test_data_parallel_default_is_one_rank_and_keeps_the_provider() -> None:
+    """dp_size defaults to 1 (nothing divided), 1 is valid, the provider is the one given,
+    and an odd division rounds down to integers (mutants of for_data_parallel survived)."""
+    version = Version(3)
+    one = StalenessManager.for_data_parallel(version, max_concurrent_rollouts=5, consumer_batch_size=3, max_staleness=2)
+    assert (one.max_concurrent_rollouts, one.consumer_batch_size, one.max_staleness) == (5, 3, 2)
+    assert one.version_provider is version and one.get_capacity() == 5
+    same = StalenessManager.for_data_parallel(version, max_concurrent_rollouts=5, consumer_batch_size=3, max_staleness=2, dp_size=1)
+    assert (same.max_concurrent_rollouts, same.consumer_batch_size) == (5, 3)
+    odd = StalenessManager.for_data_parallel(version, max_concurrent_rollouts=7, consumer_batch_size=5, max_staleness=0, dp_size=2)
+    assert (odd.max_concurrent_rollouts, odd.consumer_batch_size) == (3, 2)
+    assert type(odd.max_concurrent_rollouts) is int and type(odd.consumer_batch_size) is int
+    tiny = StalenessManager.for_data_parallel(version, max_concurrent_rollouts=None, consumer_batch_size=1, max_staleness=0, dp_size=4)
+    assert (tiny.max_concurrent_rollouts, tiny.consumer_batch_size) == (1, 1)  # floored at 1, not 2
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, "2", -1])
+def test_dp_size_must_be_a_positive_integer(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"dp_size: must be an integer >= 1, got"):
+        StalenessManager.for_data_parallel(Version(), max_concurrent_rollouts=4, consumer_batch_size=4, max_staleness=0, dp_size=bad)  # type: ignore[arg-type]
+
+
+def test_counters_move_by_one_each_way() -> None:
+    """Each transition moves its counters by exactly one (enqueued twice is 2, not 1; a
+    dequeue takes one back; a discard returns one accepted's budget and counts a rejection)."""
+    m = sm(8, 2, 0)
+    for _ in range(3):
+        m.on_rollout_enqueued()
+    assert m.get_stats() == RolloutStat(enqueued=3)
+    m.on_rollout_dequeued()
+    assert m.get_stats() == RolloutStat(enqueued=2)
+    m.on_rollout_dequeued()
+    m.on_rollout_submitted()
+    m.on_rollout_rejected()
+    assert m.get_stats() == RolloutStat(rejected=1)
+    start(m)
+    m.on_rollout_accepted()
+    assert m.get_stats() == RolloutStat(accepted=1, rejected=1)
+    assert m.get_capacity() == 1  # (0 + 0 + 1) * 2 - 1
+    m.on_rollout_discarded()
+    assert m.get_stats() == RolloutStat(accepted=0, rejected=2)
+    assert m.get_capacity() == 2
+
+
+def test_recovery_and_a_batch_size_of_one() -> None:
+    """With consumer_batch_size 1 and max_concurrent_rollouts 1 the floors are 1: recovery at
+    version 3 counts 3 accepted, and one slot of concurrency is one."""
+    m = sm(1, 1, 0, v=3)
+    m.on_version_recovered(3)
+    assert m.get_stats().accepted == 3
+    assert m.get_capacity() == 1  # min(1 - 0, (0 + 3 + 1) * 1 - 3)
+    start(m)
+    assert m.get_capacity() == 0
+    roomy = sm(1, 1, 5)  # budget 6: concurrency 1 is the bound
+    assert roomy.get_capacity() == 1
