@@ -193,41 +193,37 @@ async def test_cancelled_requests_are_aborted_on_the_server() -> None:
 async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
     """A request still running when the update (pause, relabel "1", resume) returns was on
     the server when the pause came, or reached it after the resume: either way its later
-    tokens carry "1". One that finished first says nothing (a starved server may take the
-    pause's new connection only after the request ended): up to ROUNDS run."""
+    tokens carry "1". One that finished first says nothing about the labels (a starved
+    server may take the pause's new connection only after the request ended): a skip."""
     async with httpx.AsyncClient() as probe:
         dev = (await probe.get(URL.rstrip("/") + "/is_paused")).status_code == 200
     if not dev:
         pytest.skip("the vLLM server is not in dev mode (VLLM_SERVER_DEV_MODE=1): no /pause, /resume")
     g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
-    with trio.fail_after(240 * ROUNDS):
+    with trio.fail_after(240):
         async with engine() as eng:
-            for attempt in range(ROUNDS):
-                result = []
+            result = []
 
-                async def gen() -> None:
-                    rid = f"live-pause-{attempt}"
-                    result.append(await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g, rid=rid)))
+            async def gen() -> None:
+                result.append(await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g, rid="live-pause")))
 
-                async def sent() -> bool:
-                    await trio.lowlevel.checkpoint()
-                    return eng.servers[0].in_flight >= 1
+            async def sent() -> bool:
+                await trio.lowlevel.checkpoint()
+                return eng.servers[0].in_flight >= 1
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(gen)
-                    await until(sent)  # on the server (the update then cuts it, or holds it paused)
-                    await eng.update_weights("/unused", 1)  # pause (abort mode), relabel "1", resume
-                    judged = not result  # still running when the update returned
-                await eng.update_weights("/unused", 0)  # leave the server as found
-                (resp,) = result
-                v = list(resp.output_versions)
-                assert resp.output_len == LONG
-                assert v == sorted(v) and set(v) <= {0, 1}
-                if judged:
-                    assert 1 in v, attempt  # tokens after the update carry the server's new label
-                    break
-            else:
-                pytest.skip(f"in {ROUNDS} rounds every request finished before the update returned")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(gen)
+                await until(sent)  # on the server (the update then cuts it, or holds it paused)
+                await eng.update_weights("/unused", 1)  # pause (abort mode), relabel "1", resume
+                judged = not result  # still running when the update returned
+            await eng.update_weights("/unused", 0)  # leave the server as found
+    (resp,) = result
+    v = list(resp.output_versions)
+    assert resp.output_len == LONG
+    assert v == sorted(v) and set(v) <= {0, 1}
+    if not judged:
+        pytest.skip("the request finished before the update returned (a starved server): its labels say nothing")
+    assert 1 in v  # tokens after the update carry the server's new label
 
 
 async def test_backend_abort_uses_the_server_side_id() -> None:
