@@ -173,6 +173,34 @@ async def test_slow_server_times_out_and_every_attempt_is_aborted(autojump_clock
     assert len(sent) == 3 and sorted(sent) == sorted(aborted)
 
 
+async def test_an_abort_the_server_never_answers_is_given_up_after_abort_grace_and_logged(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancelled request's abort waits at most ``abort_grace`` for the server; giving up is
+    logged (the server may still be generating it), and the cancellation goes on."""
+    started = trio.Event()
+
+    async def script(method: str, path: str, body: Any) -> Reply:
+        if path == "/generate":
+            started.set()
+            await trio.sleep(1000)
+        if path == "/abort_request":
+            await trio.sleep_forever()
+        return await default_reply(method, path, body)
+
+    server = MockServer(script)
+    async with server.engine(abort_grace=2) as eng:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(eng.agenerate, ModelRequest(input_ids=[1], gconfig=G, rid="stuck"))
+            await started.wait()
+            t0 = trio.current_time()
+            nursery.cancel_scope.cancel()
+        assert 2 <= trio.current_time() - t0 < 3  # the grace, then given up (virtual seconds)
+    assert [a["rid"] for a in server.paths("/abort_request")] == [g["rid"] for g in server.paths("/generate")]
+    (record,) = [r for r in caplog.records if "no answer within abort_grace" in r.getMessage()]
+    assert "abort_grace=2" in record.getMessage() and server.address in record.getMessage()
+
+
 async def test_caller_deadline_bounds_retries(autojump_clock: trio.abc.Clock) -> None:
     """No retry starts when the caller's deadline would pass before it could finish."""
     server = MockServer(flaky(*[(503, b"")] * 100))

@@ -250,8 +250,13 @@ class Segments:
             cause = exc.__cause__
             if isinstance(cause, httpx.ConnectError):
                 raise  # never reached the server
-            with trio.CancelScope(shield=True), trio.move_on_after(shared.abort_grace):
+            with trio.CancelScope(shield=True), trio.move_on_after(shared.abort_grace) as grace:
                 await self._abort(server, srid)
+            if grace.cancelled_caught:
+                log.warning(
+                    "abort of %s on %s got no answer within abort_grace=%ss: the server may still be generating it",
+                    srid, server.base_url, shared.abort_grace,
+                )
             raise
 
     async def _abort(self, server: Server, srid: str) -> None:
