@@ -12,7 +12,6 @@ and kill and restart the server, need the server started here.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -126,24 +125,15 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
 
 # Measured on vLLM 0.32's CPU build on 2 cores: while a batch decodes, a new connection to the
 # server (a /metrics poll, curl, or the engine's abort) often waits until the batch ends, while a
-# connection opened before answers in 5 ms. So the polls below keep one connection, and a round
-# is judged only when the server took a fresh connection while it held the requests (else no
-# abort can reach it in time, and the round says nothing about ours). Up to ROUNDS run.
+# connection opened before usually answers in 5 ms (not always, under a CPU hog). So the polls keep
+# one connection, and a round is judged only when every abort was answered in time (else no abort
+# reached the server, and the round says nothing about ours). Up to ROUNDS run.
 ROUNDS = 5
-
-
-async def _takes_new_connections() -> bool:
-    """Whether the server answers on a fresh connection within a second."""
-    async with httpx.AsyncClient() as fresh:
-        with trio.move_on_after(1):
-            return (await fresh.get(URL.rstrip("/") + "/health")).status_code == 200
-    return False
 
 
 async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: int) -> bool:
     """Start 4 long requests and cancel them once the server holds all four; wait until it is
-    idle. Whether the round can be judged: the server was seen holding them, taking new
-    connections (the aborts')."""
+    idle. Whether the server was seen holding them."""
     g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
     seen = False
     async with trio.open_nursery() as nursery:
@@ -160,7 +150,7 @@ async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: in
         while True:
             running = await metric(polls, "vllm:num_requests_running")
             if running + await metric(polls, "vllm:num_requests_waiting") >= 4:
-                seen = await _takes_new_connections()
+                seen = True
                 nursery.cancel_scope.cancel()
                 break
             await trio.sleep(0.05)
@@ -173,21 +163,26 @@ async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: in
     return seen
 
 
-async def test_cancelled_requests_are_aborted_on_the_server() -> None:
+async def test_cancelled_requests_are_aborted_on_the_server(caplog: pytest.LogCaptureFixture) -> None:
+    """A round is judged when the server was seen holding the 4 requests and every abort was
+    answered within ``abort_grace`` (the engine logs one it gave up on): then none of the
+    requests may run to its end."""
     with trio.fail_after(60 * ROUNDS):
         async with engine(abort_grace=5) as eng, httpx.AsyncClient(
             timeout=60, limits=httpx.Limits(keepalive_expiry=3)  # dropped before uvicorn's 5 s
         ) as polls:
             for attempt in range(ROUNDS):
+                caplog.clear()
                 before = await finished_counts(polls)
                 seen = await _cancel_round(eng, polls, attempt)
                 after = await finished_counts(polls)
-                if seen:
+                unanswered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort of ")]
+                if seen and not unanswered:
                     break
             else:
                 pytest.skip(
-                    f"in {ROUNDS} rounds the server never took a new connection while it held the 4 requests:"
-                    " no abort could reach it in time (a vLLM CPU server starved on a small machine)"
+                    f"in {ROUNDS} rounds the server never answered every abort within abort_grace while it held"
+                    " the 4 requests (a vLLM CPU server starved on a small machine)"
                 )
             resp = await eng.agenerate(
                 ModelRequest(input_ids=PROMPT, gconfig=GenerationConfig(max_new_tokens=2, ignore_eos=True))
@@ -198,16 +193,11 @@ async def test_cancelled_requests_are_aborted_on_the_server() -> None:
     assert grew["length"] + grew["stop"] == 0, (attempt, grew)
 
 
-@pytest.mark.skipif(
-    os.environ.get("ROLLOUT_TRIO_LIVE_PAUSE") != "1",
-    reason="hung twice at the tail of the full suite on 2 cores (cause not found; it passes alone:"
-    " ROLLOUT_TRIO_LIVE_PAUSE=1 pytest tests/test_vllm_live.py)",
-)
 async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
     """A request still running when the update (pause, relabel "1", resume) returns was on
     the server when the pause came, or reached it after the resume: either way its later
     tokens carry "1". One that finished first says nothing about the labels (a starved
-    server may take the pause's new connection only after the request ended): a skip."""
+    server may answer the pause only after the request ended): a skip."""
     async with httpx.AsyncClient() as probe:
         dev = (await probe.get(URL.rstrip("/") + "/is_paused")).status_code == 200
     if not dev:
@@ -221,8 +211,11 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
                 result.append(await eng.agenerate(ModelRequest(input_ids=PROMPT, gconfig=g, rid="live-pause")))
 
             async def sent() -> bool:
+                # On the server, or already done: on a starved machine the first poll can
+                # come after the whole request (measured: 0.7 s late, under stress-ng),
+                # and waiting for an in-flight count that never comes would hang the test.
                 await trio.lowlevel.checkpoint()
-                return eng.servers[0].in_flight >= 1
+                return bool(result) or eng.servers[0].in_flight >= 1
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(gen)
@@ -258,7 +251,9 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
         assert abort is not None
         result: dict[str, httpx.Response] = {}
         with trio.fail_after(60):
-            async with httpx.AsyncClient(timeout=60) as client:
+            async with httpx.AsyncClient(timeout=60) as client, httpx.AsyncClient(timeout=60) as control:
+                # The aborts' connection is opened first: a starved server answers it at once.
+                assert (await control.get(base + "/health")).status_code == 200
 
                 async def run(gen: HttpCall = gen, result: dict[str, httpx.Response] = result) -> None:
                     result["r"] = await client.post(base + gen.path, json=gen.json)
@@ -266,14 +261,21 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(run)
                     # Abort until the answer comes back (its metrics lag too much to wait on them).
+                    landed = 0  # aborts answered while the request still ran
                     while "r" not in result:
-                        r = await client.post(base + abort.path, json=abort.json)
+                        r = await control.post(base + abort.path, json=abort.json)
                         assert r.status_code == 200
+                        landed += "r" not in result
                         await trio.sleep(0.05)
         seg = backend.parse(result["r"].json())
-        outcomes.append((seg.stop_reason, len(seg.tokens)))
-        if seg.stop_reason == "abort":
+        outcomes.append((seg.stop_reason, len(seg.tokens), landed))
+        if seg.stop_reason == "abort" or landed >= 2:  # the second came after the server took the request
             break
+    else:
+        pytest.skip(
+            f"in {ROUNDS} rounds the server answered at most one abort before the request ended (a vLLM CPU server"
+            f" starved on a small machine): {outcomes}"
+        )
     assert outcomes[-1][0] == "abort" and outcomes[-1][1] < LONGEST, outcomes
 
 
