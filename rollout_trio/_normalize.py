@@ -140,6 +140,8 @@ def _positive_ints(name: str, value: Any) -> list[int]:
 
 def _real_tensor(name: str, value: Any) -> torch.Tensor:
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if t is not value and t.is_floating_point():  # Python floats are float64: keep them so
+        t = torch.as_tensor(value, dtype=_F64)
     if t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{name}: must hold real numbers (float or integer dtype), got dtype {t.dtype}")
     return t
@@ -194,7 +196,7 @@ class _Segments:
             )
         self._shape = (rows,) + (1,) * (x.ndim - 1)  # a per-row value, broadcastable over x
         self._sizes = sizes
-        self._numel_per_row = x[0].numel() if rows else 0
+        self._numel_per_row = x[0].numel()  # never empty: the public calls return an empty batch at once
         self._dtype, self._device = x.dtype, x.device
 
     def elements(self, m: torch.Tensor | None) -> torch.Tensor:
@@ -217,22 +219,24 @@ class _Segments:
         return sums[self.row_group].reshape(self._shape)
 
     def per_row(self, values: list[int]) -> torch.Tensor:
-        """One integer per group, gathered back to one value per row (broadcastable)."""
-        t = torch.tensor(values, dtype=torch.long)
-        return t.reshape((1,) * len(self._shape)) if self.row_group is None else t[self.row_group].reshape(self._shape)
+        """One integer per group, gathered back to one value per row (broadcastable); for
+        segments with sizes (the only ones that ask)."""
+        assert self.row_group is not None
+        return torch.tensor(values, dtype=torch.long)[self.row_group].reshape(self._shape)
 
 
 def _mean(x: torch.Tensor, m: torch.Tensor | None, seg: _Segments, leave_one_out: bool) -> torch.Tensor:
-    """Per-element baseline over each group (masked by ``m``), shaped like ``x``."""
+    """Per-element baseline over each group (masked by ``m``), shaped like ``x``.
+
+    ``x`` must be 0 wherever ``m`` is 0 (the caller zeroes masked-out values), so plain
+    sums of ``x`` are masked sums. Under leave-one-out a masked-out element's baseline is
+    the group's masked mean (nothing of its own is left out: ``m`` is 0 there)."""
     n = seg.elements(m)
-    total = seg.total(x if m is None else x * m)
+    total = seg.total(x)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if leave_one_out:
-        if m is None:
-            loo = (total - x) / (n - 1)
-        else:
-            loo = torch.where(m > 0, (total - x * m) / torch.clamp(n - m, min=1.0), total / n)
-        return torch.where(n <= 1, zero, loo).expand_as(x)
+        others = n - 1 if m is None else torch.clamp(n - m, min=1.0)
+        return torch.where(n <= 1, zero, (total - x) / others).expand_as(x)
     return torch.where(n == 0, zero, total / n).expand_as(x)
 
 
@@ -481,8 +485,8 @@ def normalize_advantages(
             raise ValueError(
                 f"member_counts: a group cannot hold more logical rollouts than rows; counts {counts}, rows {sizes}"
             )
-    if m is not None and float(m.sum().item()) == 0:
-        return t.to(torch.float32).clone()
+    if t.numel() == 0 or (m is not None and float(m.sum().item()) == 0):
+        return t.to(torch.float32).clone()  # nothing to normalize (an empty batch, or all masked)
 
     xf = t.to(_F64)
     live = torch.ones_like(xf, dtype=torch.bool) if m is None else m > 0
@@ -503,14 +507,10 @@ def normalize_advantages(
 
 def _logical_rollouts(
     n_rows: int,
-    rollout_groups: Sequence[RolloutGroup | None] | None,
+    rollout_groups: Sequence[RolloutGroup | None],
     trajectory_rows: Sequence[int] | None,
-) -> tuple[list[int], list[float | None], list[int] | None, list[tuple[int, int]]]:
+) -> tuple[list[int], list[float | None], list[int], list[tuple[int, int]]]:
     """Row counts, explicit references, logical sizes per trajectory, (trajectory, index) labels."""
-    if rollout_groups is None:
-        if trajectory_rows is not None:
-            raise ValueError("trajectory_rows: only meaningful together with rollout_groups")
-        return [1] * n_rows, [None] * n_rows, None, [(-1, j) for j in range(n_rows)]
     if isinstance(rollout_groups, RolloutGroup):
         raise TypeError(
             "rollout_groups: must be a sequence with one RolloutGroup (or None) per trajectory, "
@@ -651,20 +651,18 @@ def normalize_rewards(
         return ((scores - mean) / _divisor(std, config)).to(torch.float32)
 
     counts, refs, logical, labels = _logical_rollouts(x.numel(), rollout_groups, trajectory_rows)
-    if logical is not None:
-        if group_sizes is not None and _positive_ints("group_sizes", group_sizes) != logical:
-            raise ValueError(
-                f"group_sizes: must equal the logical rollouts per trajectory {logical} "
-                f"(taken from rollout_groups), got {list(group_sizes)!r}; pass only one of them"
-            )
-        group_sizes = logical
-    sizes = _group_sizes(len(counts), config, group_sizes, what="logical rollouts")
+    if group_sizes is not None and _positive_ints("group_sizes", group_sizes) != logical:
+        raise ValueError(
+            f"group_sizes: must equal the logical rollouts per trajectory {logical} "
+            f"(taken from rollout_groups), got {list(group_sizes)!r}; pass only one of them"
+        )
+    sizes = logical if config.uses_group_level else None  # they sum to len(counts) by construction
     if config.is_identity or x.numel() == 0:
         return scores.to(torch.float32)
 
     count_t = torch.tensor(counts, dtype=torch.long)
     starts = torch.cumsum(count_t, 0) - count_t
-    member = torch.repeat_interleave(torch.arange(len(counts)), count_t)
+    member = torch.repeat_interleave(count_t)  # each row's rollout index
     supplied = torch.tensor([r is not None for r in refs], dtype=torch.bool)
     explicit = torch.tensor([0.0 if r is None else r for r in refs], dtype=_F64)
     reference = torch.where(supplied, explicit, x[starts])
@@ -677,11 +675,10 @@ def normalize_rewards(
         k = int(member[int(torch.nonzero(bad)[0])])
         a, b = int(starts[k]), int(starts[k]) + counts[k]
         t, local = labels[k]
-        where = f"rollout {local} of trajectory {t}" if t >= 0 else f"rollout {local}"
         detail = f"rows {a}..{b - 1} have rewards {x[a:b].tolist()}"
         if unp is not None:
             detail += f" (unpenalized {unp[a:b].tolist()})"
-        raise WorkflowContractError(f"rollout_reward: {where}: {detail}. {_SPLIT_ROWS_MESSAGE}")
+        raise WorkflowContractError(f"rollout_reward: rollout {local} of trajectory {t}: {detail}. {_SPLIT_ROWS_MESSAGE}")
 
     mean, std = _baseline_std(transform(reference), None, config, sizes, None)
     divisor = _divisor(std, config).expand(reference.shape)
