@@ -408,7 +408,8 @@ def rollout_time_apply(values: Any, mean: torch.Tensor, scale: torch.Tensor) -> 
         A float32 tensor shaped like ``values`` (0-d for a Python number).
 
     Raises:
-        ValueError: a normalized value lies beyond float32's range (more than rounding).
+        ValueError: a normalized value lies beyond float32's range by more than rounding
+            can carry it (``2**-20`` of the largest float32, relative; up to that it saturates).
     """
     v = torch.as_tensor(values).to(torch.float32).to(_F64)
     out = (v - mean.to(_F64)) / scale.to(_F64)

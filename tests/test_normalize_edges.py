@@ -25,6 +25,7 @@ from rollout_trio._normalize import (
     normalize_rewards,
     rollout_time_affine,
     rollout_time_apply,
+    rollout_time_apply_floats,
 )
 from rollout_trio._rollout_group import RolloutGroup
 
@@ -232,6 +233,15 @@ def test_rollout_time_std_stays_exact_far_from_zero() -> None:
     assert float(scale) == float(torch.tensor(math.sqrt(2 / 9) + 1e-8, dtype=torch.float32))
 
 
+@pytest.mark.parametrize(("refs", "scale"), [([0.0, 4.0], 2.0), ([0.0, 2.0], 1.0), ([-3.0, 3.0], 3.0), ([5.0, 5.0], 1.0)])
+def test_rollout_time_scale_is_the_rounded_std_whatever_its_value(refs: list[float], scale: float) -> None:
+    """The divisor is ``float32(std + 1e-8)`` for a std of any size (a std of 2 rounds to
+    exactly 2.0, a std of 1 to 1.0), and 1 for constant references."""
+    mean, got = rollout_time_affine(refs)
+    assert float(got) == scale
+    assert float(mean) == sum(refs) / 2
+
+
 def test_rollout_time_results_are_float32_whatever_the_default_dtype() -> None:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
@@ -248,6 +258,33 @@ def test_rollout_time_apply_saturates_a_hair_past_float32_on_both_sides() -> Non
     hair = torch.tensor(1.5e32, dtype=torch.float32)  # past half a float32 step at the top, within the margin
     assert rollout_time_apply([F32_MAX], -hair, one).tolist() == [F32_MAX]
     assert rollout_time_apply([-F32_MAX], hair, one).tolist() == [-F32_MAX]
+
+
+def test_rollout_time_apply_saturates_up_to_its_margin_and_raises_past_it() -> None:
+    """A result at most 2**-20 (relative) past float32's largest value is rounding and
+    saturates, the margin itself included; the next result past it is an error."""
+    one = torch.ones((), dtype=torch.float32)
+    step = F32_MAX * 2.0**-20  # a float32: F32_MAX + step is exact in float64
+    at_margin = torch.tensor(-step, dtype=torch.float32)
+    assert F32_MAX - float(at_margin) == F32_MAX * (1 + 2.0**-20)
+    assert rollout_time_apply([F32_MAX], at_margin, one).tolist() == [F32_MAX]
+    assert rollout_time_apply([-F32_MAX], -at_margin, one).tolist() == [-F32_MAX]
+    past = torch.nextafter(at_margin, torch.tensor(-math.inf))
+    with pytest.raises(ValueError, match="beyond float32"):
+        rollout_time_apply([F32_MAX], past, one)
+    with pytest.raises(ValueError, match="beyond float32"):
+        rollout_time_apply([-F32_MAX], -past, one)
+
+
+def test_rollout_time_apply_floats_declines_only_results_beyond_float32() -> None:
+    """The plain-float fast path answers every in-range group itself and hands back None
+    (so the caller takes the tensor path) when any result, on either side, lies beyond
+    float32's range."""
+    assert rollout_time_apply_floats([0.0, 1.0, 3.0], 1.0, 2.0) == [-0.5, 0.0, 1.0]
+    assert rollout_time_apply_floats([F32_MAX], 0.0, 1.0) == [F32_MAX]  # the edges themselves are in range
+    assert rollout_time_apply_floats([-F32_MAX], 0.0, 1.0) == [-F32_MAX]
+    assert rollout_time_apply_floats([F32_MAX, 0.0], -F32_MAX, 1.0) is None  # past the top only
+    assert rollout_time_apply_floats([-F32_MAX, 0.0], F32_MAX, 1.0) is None  # past the bottom only
 
 
 def rows_group(rewards: list[float]) -> list[dict[str, torch.Tensor]]:

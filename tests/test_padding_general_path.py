@@ -104,6 +104,12 @@ def test_split_widths_one_per_piece() -> None:
         split_trajectories(joined, [1, 1], widths=[1])
 
 
+def test_a_piece_trimmed_to_nothing_is_named_in_the_error() -> None:
+    joined = concat_trajectories([rows([[1, 2]]), rows([[3]])])
+    with pytest.raises(WorkflowContractError, match=r"^piece 1: 'input_ids': must hold at least one position"):
+        split_trajectories(joined, [1, 1], widths=[2, 0])
+
+
 def test_a_single_rollout_of_several_rows_splits_whole_and_keeps_its_reference() -> None:
     traj = Trajectory.from_dict(rows([[1, 2], [3, 4]], rollout_reward=0.25, uid=["a", "b"]))
     assert traj.rollout_group is None
