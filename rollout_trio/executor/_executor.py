@@ -508,16 +508,18 @@ async def open_executor(
     ex = RolloutExecutor(engine, cfg, dp_size=dp_size, dumper=dumper, stats=stats, observers=observers)
     body_error: BaseException | None = None
     async with dumper if dumper is not None else nullcontext():
-        async with trio.open_nursery() as nursery:
-            await nursery.start(ex._serve)
-            try:
-                yield ex
-            except BaseException as exc:
-                body_error = exc
-            finally:
-                ex._close()
-        if ex._feed is not None:
-            await ex._feed.items.aclose()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(ex._serve)
+                try:
+                    yield ex
+                except BaseException as exc:
+                    body_error = exc
+                finally:
+                    ex._close()
+        finally:  # also when a cancellation ends the nursery: the source's cleanup runs (shielded)
+            if ex._feed is not None:
+                await ex._feed.items.aclose()
     if body_error is not None:
         raise body_error
     if ex._failure is not None and not ex._failure_reported:
