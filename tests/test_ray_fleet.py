@@ -22,6 +22,8 @@ import pytest
 
 from rollout_trio.ray._process import OwnedProcess, RayFleetError, missing_binary, router_argv, server_argv
 
+from .own_deadline import own_deadline
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -165,21 +167,22 @@ UNSHARE = ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def scenario(tmp_path_factory, pytestconfig):
     """tests/ray_scenario.py's findings: a 4-node cluster, 3 servers, a node lost under load."""
     why = _namespace_unavailable()
     if why:
         pytest.skip(why)
     out = tmp_path_factory.mktemp("ray") / "out.json"
     command = f"ip link set lo up && exec {sys.executable} -m tests.ray_scenario {out}"
-    run = subprocess.run(
-        [*UNSHARE, "sh", "-c", command],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT, RAY_USAGE_STATS_ENABLED="0"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    with own_deadline(pytestconfig):  # the run's own timeout below
+        run = subprocess.run(
+            [*UNSHARE, "sh", "-c", command],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=ROOT, RAY_USAGE_STATS_ENABLED="0"),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     assert run.returncode == 0, f"the scenario crashed:\n{run.stderr[-4000:]}"
     return json.loads(out.read_text())
 

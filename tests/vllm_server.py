@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import vllm_env
 
+from .own_deadline import own_deadline
+
 START_DEADLINE_S = 600.0  # vLLM's CPU start (compile and warm-up) takes 60-120 s on 2 idle cores
 
 
@@ -121,14 +123,17 @@ def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def vllm_server(  # type: ignore[no-untyped-def]
+    vllm_checkpoints: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+):
     """The session's server: None when ROLLOUT_TRIO_VLLM_URL names one, else one started here
     on the base checkpoint (killed at the end of the session)."""
     if os.environ.get(URL_ENV):
         yield None
         return
     srv = VLLMServer(vllm_checkpoints[0], tmp_path_factory.mktemp("vllm-log") / "vllm.log")
-    srv.start()
+    with own_deadline(pytestconfig):  # START_DEADLINE_S
+        srv.start()
     try:
         yield srv
     finally:
@@ -159,7 +164,7 @@ VISION_SKIP_REASON = (
 
 
 @pytest.fixture(scope="session")
-def vllm_vision_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def vllm_vision_url(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):  # type: ignore[no-untyped-def]
     """A second server, on the tiny VLM saved as a checkpoint (rollout_trio.models_vision),
     with the torchvision overlay on its PYTHONPATH; or the one ROLLOUT_TRIO_VLLM_VISION_URL names."""
     if os.environ.get(VISION_URL_ENV):
@@ -174,7 +179,8 @@ def vllm_vision_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
         checkpoint, tmp_path_factory.mktemp("vllm-vision-log") / "vllm.log",
         env=vllm_vision.env(), args=("--limit-mm-per-prompt", '{"image": 2, "video": 0}'),
     )  # fmt: skip
-    srv.start()
+    with own_deadline(pytestconfig):  # START_DEADLINE_S
+        srv.start()
     try:
         yield srv.url
     finally:
