@@ -233,21 +233,29 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
 
 
 async def test_backend_abort_uses_the_server_side_id() -> None:
-    """The abort our backend builds stops a live request (its connection stays open). An abort
-    that reaches the server before the request is a no-op, and a starved server may answer the
-    next one only after the request ended: a round is judged once an abort was answered after
-    the server was seen running the request (its metrics), up to ROUNDS run, else a skip; with
-    a wrong id a judged round runs to its end and fails."""
+    """The abort our backend builds stops a live request (its connection stays open).
+
+    Each round starts on an idle server and sends the request with a witness: a request
+    sent beside it, half as long, never aborted. vLLM's gauges lag (an old reading may show
+    a request that has ended), so the witness is what says the request is still far from its
+    end: an abort answered after the server was seen holding both (a reading taken after an
+    idle one) and before the witness's answer came back reached the server with about half the
+    request's tokens still to go, and must stop it. An abort that reaches the server before the
+    request is a no-op and a starved server may answer it late: a round is judged once an
+    abort was answered in that window, up to ROUNDS run, else a skip; with a wrong id a
+    judged round runs to its end and fails."""
     from rollout_trio.engines._remote_wire import HttpCall
     from rollout_trio.engines._vllm import VLLMBackend
 
     backend = VLLMBackend("tito")
     g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
+    half = GenerationConfig(max_new_tokens=LONGEST // 2, ignore_eos=True)
     base = URL.rstrip("/")
     outcomes = []
     for attempt in range(ROUNDS):
         rid = f"live-abort-id-{attempt}"
         gen = backend.generate(PROMPT, g, max_new=LONGEST, min_new=0, rid=rid)
+        witness = backend.generate(PROMPT, half, max_new=LONGEST // 2, min_new=0, rid=f"live-abort-witness-{attempt}")
         abort = backend.abort(rid)
         assert abort is not None
         result: dict[str, httpx.Response] = {}
@@ -256,21 +264,27 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
                 # The aborts' connection is opened first: a starved server answers it at once.
                 assert (await control.get(base + "/health")).status_code == 200
 
-                async def run(gen: HttpCall = gen, result: dict[str, httpx.Response] = result) -> None:
-                    result["r"] = await client.post(base + gen.path, json=gen.json)
+                async def idle() -> bool:
+                    running = await metric(control, "vllm:num_requests_running")
+                    return running == 0 and await metric(control, "vllm:num_requests_waiting") == 0
+
+                await until(idle)  # so that a later reading of two running requests is of these
+
+                async def run(key: str, call: HttpCall, result: dict[str, httpx.Response] = result) -> None:
+                    result[key] = await client.post(base + call.path, json=call.json)
 
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run)
-                    # Abort until the answer comes back (its metrics lag too much to wait on them).
-                    # Aborts answered after the server was seen running the request, while it
-                    # still ran: such an abort must stop it (one before it is a no-op).
+                    nursery.start_soon(run, "r", gen)
+                    nursery.start_soon(run, "w", witness)
+                    # Abort until the answer comes back (its metrics lag too much to wait on them),
+                    # counting the aborts answered in the window the docstring names.
                     running = False
                     landed = 0
                     while "r" not in result:
-                        running = running or await metric(control, "vllm:num_requests_running") >= 1
+                        running = running or await metric(control, "vllm:num_requests_running") >= 2
                         r = await control.post(base + abort.path, json=abort.json)
                         assert r.status_code == 200
-                        landed += running and "r" not in result
+                        landed += running and "w" not in result
                         await trio.sleep(0.05)
         seg = backend.parse(result["r"].json())
         outcomes.append((seg.stop_reason, len(seg.tokens), landed))
@@ -278,8 +292,8 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
             break
     else:
         pytest.skip(
-            f"in {ROUNDS} rounds the server answered no abort while it ran the request (a vLLM CPU server"
-            f" starved on a small machine): {outcomes}"
+            f"in {ROUNDS} rounds the server answered no abort while it ran the request far from its end"
+            f" (a vLLM CPU server starved on a small machine): {outcomes}"
         )
     assert outcomes[-1][0] == "abort" and outcomes[-1][1] < LONGEST, outcomes
 
