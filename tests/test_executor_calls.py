@@ -1,0 +1,296 @@
+"""The executor's own calls, rule by rule (found by mutation testing of ``_executor`` and
+``_consumers``): each refusal's whole message, what a stop on an error does at once, what
+the stall warning names about a fleet, and what an abandoned call hands on.
+
+The executor tests reach these through whole runs; these pin each rule a user meets.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from rollout_trio import GenerationConfig, ModelRequest, Trajectory
+from rollout_trio.executor import ExecutorFailed, open_executor
+from rollout_trio.testing import ScriptedEngine
+
+GC = GenerationConfig(max_new_tokens=1)
+DEADLINE = 600.0  # virtual seconds under autojump_clock: far more than any call here needs
+
+
+async def echo(engine: Any, data: Any) -> Trajectory:
+    """One generation whose reward is the item."""
+    resp = await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GC))
+    return Trajectory.from_response(resp, float(data))
+
+
+# ------------------------------------------------------------------ a stop on an error
+
+
+async def test_a_stop_on_an_error_is_logged_whole_and_cancels_running_tasks_at_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``on_workflow_error="raise"``: the error is logged with its type and text, and every
+    task still running is cancelled then, not when the ``async with`` block ends."""
+    caplog.set_level("ERROR", logger="rollout_trio.executor")
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def slow(engine: Any, data: Any) -> None:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async def boom(engine: Any, data: Any) -> None:
+        await started.wait()
+        raise RuntimeError("bad luck")
+
+    async with ScriptedEngine() as engine:
+        with pytest.raises(ExecutorFailed, match=r"^the executor stopped: RuntimeError: bad luck$"):
+            async with open_executor(
+                engine, on_workflow_error="raise", max_head_offpolicyness=10, max_concurrent_rollouts=4
+            ) as ex:
+                ex.submit(0, slow)
+                ex.submit(1, boom)
+                with trio.fail_after(DEADLINE):
+                    await cancelled.wait()  # inside the block: the stop itself cancelled it
+                await ex.wait(1)
+    assert "Rollout executor stopped: RuntimeError: bad luck" in [r.getMessage() for r in caplog.records]
+
+
+# ------------------------------------------------------------------ group statistics
+
+
+async def test_group_statistics_reset_by_default_and_keep_with_reset_false() -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        await ex.rollout_batch(range(2), echo, group_size=2)
+        kept = ex.group_statistics(reset=False)
+        assert kept and ex.group_statistics(reset=False) == kept
+        assert ex.group_statistics() == kept
+        assert ex.group_statistics() == {}
+
+
+# ------------------------------------------------------------------ the stall warning
+
+
+class Fleet(ScriptedEngine):
+    """A scripted engine with a fleet's ``servers`` list (what the stall warning reads)."""
+
+    def __init__(self, ups: list[Any], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.servers = ups
+
+
+@pytest.mark.parametrize(
+    ("servers", "tail"),
+    [
+        ([types.SimpleNamespace(up=True), types.SimpleNamespace(up=False), types.SimpleNamespace()], ", 1 of 3 servers out of service"),
+        ([types.SimpleNamespace(up=True)], ""),
+        ([], ""),
+        ((types.SimpleNamespace(up=False),), ""),  # not a fleet's list: not read
+    ],
+    ids=["one-down", "all-up", "empty", "not-a-list"],
+)
+async def test_the_stall_warning_names_the_servers_out_of_service(
+    servers: Any, tail: str, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning says what holds the call back: here one task running on a slow server,
+    one queued behind it, and (for a fleet) how many of its servers are down."""
+    caplog.set_level("WARNING", logger="rollout_trio.executor")
+    async with Fleet(servers, delay=1000) as engine, open_executor(
+        engine, stall_warning_s=30.0, max_concurrent_rollouts=1, max_head_offpolicyness=10
+    ) as ex:
+        with trio.move_on_after(40):
+            await ex.rollout_batch(range(2), echo)
+    lines = [r.getMessage() for r in caplog.records if "without progress" in r.getMessage()]
+    assert lines == [f"rollout_batch has waited 30 s without progress: 1 running, 1 queued{tail}"]
+
+
+# ------------------------------------------------------------------ an abandoned call
+
+
+async def test_a_result_finished_after_its_batch_was_abandoned_goes_to_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A workflow that finishes its episode through a cancellation (shielded) after its
+    ``rollout_batch`` call was cancelled: its accepted trajectory is handed on to ``wait``."""
+    inside, release = trio.Event(), trio.Event()
+
+    async def stubborn(engine: Any, data: Any) -> Trajectory:
+        with trio.CancelScope(shield=True):
+            inside.set()
+            await release.wait()
+            return await echo(engine, data)
+
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        with trio.CancelScope() as call:
+            async with trio.open_nursery() as nursery:
+
+                async def batch() -> None:
+                    await ex.rollout_batch([7], stubborn)
+
+                nursery.start_soon(batch)
+                await inside.wait()
+                call.cancel()
+        release.set()
+        with trio.fail_after(DEADLINE):
+            (late,) = await ex.wait(1)
+        assert float(late.rewards[0]) == 7.0
+        assert ex.statistics().balanced()
+
+
+# ------------------------------------------------------------------ every refusal, whole
+
+
+def whole(text: str) -> str:
+    """A pattern matching exactly ``text``."""
+    import re
+
+    return "^" + re.escape(text) + "$"
+
+
+async def test_wait_refuses_counts_it_could_never_fill_naming_them(autojump_clock: trio.testing.MockClock) -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, queue_size=3, max_head_offpolicyness=10) as ex:
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(ValueError, match=whole(f"count must be positive, got {bad!r}")):
+                await ex.wait(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=whole("count must be <= queue_size (3), got 4")):
+            await ex.wait(4)
+        ex.submit(5, echo)
+        with pytest.raises(TimeoutError, match=whole("Timed out waiting for 3 results, only received 1")):
+            await ex.wait(3, timeout=1)
+        assert await ex.wait(3, timeout=1, raise_timeout=False) == []
+        (one,) = await ex.wait(1, timeout=1)  # the count at the queue's size is allowed, and nothing was taken
+        assert float(one.rewards[0]) == 5.0
+
+
+async def test_wait_for_task_says_why_it_cannot_answer(autojump_clock: trio.testing.MockClock) -> None:
+    async with ScriptedEngine(delay=100) as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        tid = ex.submit(1, echo)
+        with pytest.raises(TimeoutError, match=whole(f"Timed out waiting for task {tid}.")):
+            await ex.wait_for_task(tid, timeout=1)
+        assert await ex.wait_for_task(tid, timeout=1, raise_timeout=False) is None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.rollout_batch, [2], echo)
+            await trio.testing.wait_all_tasks_blocked()
+            batch_task = max(ex._store.tasks)
+            with pytest.raises(ValueError, match=whole(
+                f"Task {batch_task} belongs to a rollout_batch or prepare_batch call that will take it"
+            )):  # fmt: skip
+                await ex.wait_for_task(batch_task)
+        assert float((await ex.wait_for_task(tid)).rewards[0]) == 1.0  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match=whole(f"Task {tid}: its result was already taken.")):
+            await ex.wait_for_task(tid)
+        with pytest.raises(ValueError, match=whole("Task 99 is never submitted.")):
+            await ex.wait_for_task(99)
+
+
+async def test_rollout_stream_refuses_a_window_or_data_it_cannot_use() -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        for bad in (0, -2, True, 1.5, "2"):
+            with pytest.raises(ValueError, match=whole(f"rollout_stream: window must be an integer >= 1, got {bad!r}")):
+                ex.rollout_stream([1], echo, window=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=whole("rollout_stream: data must be an iterable or async iterable, got int")):
+            ex.rollout_stream(3, echo)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=whole("should_accept_fn: must be callable or None, got int")):
+            ex.rollout_stream([1], echo, should_accept_fn=1)  # type: ignore[arg-type]
+        async with ex.rollout_stream([1, 2, 3], echo, window=1) as outcomes:  # the smallest window runs
+            got = [float(o.trajectory.rewards[0]) async for o in outcomes]
+        assert sorted(got) == [1.0, 2.0, 3.0]
+
+
+async def test_prepare_batch_refuses_a_batch_size_it_cannot_use() -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, queue_size=2, max_head_offpolicyness=10) as ex:
+        for bad in (None, 0, True, 1.5):
+            with pytest.raises(ValueError, match=whole(
+                f"prepare_batch: batch_size must be an integer >= 1 (or the source's batch_size), got {bad!r}"
+            )):  # fmt: skip
+                await ex.prepare_batch([1, 2, 3], echo, batch_size=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=whole("Inference engine config's queue size is too small: 2 < batch size 3.")):
+            await ex.prepare_batch([1, 2, 3], echo, batch_size=3)
+        assert len(await ex.prepare_batch([1, 2, 3], echo, batch_size=2)) == 2  # the queue's size is allowed
+
+
+async def test_submit_refuses_ids_and_callables_naming_the_argument() -> None:
+    async with ScriptedEngine(delay=1) as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        for bad, kind in (("3", "str"), (True, "bool"), (1.0, "float")):
+            with pytest.raises(TypeError, match=whole(f"task_id: must be an int or None, got {kind}")):
+                ex.submit(1, echo, task_id=bad)  # type: ignore[arg-type]
+        ex.submit(1, echo, task_id=4)
+        with pytest.raises(ValueError, match=whole(
+            "Duplicate task_id: 4; a task with this id is pending, running or unconsumed"
+        )):  # fmt: skip
+            ex.submit(1, echo, task_id=4)
+        with pytest.raises(TypeError, match=whole("should_accept_fn: must be callable or None, got int")):
+            ex.submit(1, echo, should_accept_fn=1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=whole("callback: must be callable or None, got str")):
+            ex.submit(1, echo, callback="print")  # type: ignore[arg-type]
+        for call in (
+            lambda: ex.rollout_batch([1], echo, callback="print"),
+            lambda: ex.prepare_batch([1], echo, batch_size=1, callback="print"),
+        ):
+            with pytest.raises(TypeError, match=whole("callback: must be callable or None, got str")):
+                await call()
+        assert ex.statistics().submitted == 1  # the refused calls queued nothing
+
+
+async def test_a_closed_executor_says_its_block_has_ended() -> None:
+    async with ScriptedEngine() as engine:
+        async with open_executor(engine) as ex:
+            pass
+        message = whole("the executor is closed (its `async with open_executor(...)` block has ended)")
+        with pytest.raises(RuntimeError, match=message):
+            ex.submit(1, echo)
+        with pytest.raises(RuntimeError, match=message):
+            await ex.wait(1)
+
+
+async def test_dump_to_file_names_every_missing_piece_in_order() -> None:
+    async with ScriptedEngine() as engine:
+        with pytest.raises(ValueError, match=whole(
+            "RolloutConfig.dump_to_file: needs fileroot, experiment_name, trial_name, tokenizer"
+            " (set them, or turn dump_to_file off)"
+        )):  # fmt: skip
+            async with open_executor(engine, dump_to_file=True):
+                pass
+
+
+BUDGET = "(max_head_offpolicyness 0 + version 0 + 1) * consumer_batch_size 1 - accepted 0"
+ADVICE = (
+    "pass is_eval=True for evaluation, raise max_head_offpolicyness or consumer_batch_size, "
+    "or split the batch (rollout_stream waits for version bumps)"
+)
+
+
+async def test_a_batch_the_budget_can_never_start_is_refused_naming_the_numbers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The budget named as the sum it is; a budget already overdrawn by queued work reads 0."""
+    async with ScriptedEngine(delay=100) as engine, open_executor(engine, queue_size=4) as ex:
+        with pytest.raises(ValueError, match=whole(
+            "rollout_batch: 2 training tasks can never all start before the next version bump: the staleness "
+            f"budget allows 1 = {BUDGET} - running 0 - queued ahead 0; {ADVICE}"
+        )):  # fmt: skip
+            await ex.rollout_batch(range(2), echo)
+        for i in range(3):
+            ex.submit(i, echo)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ValueError, match=whole(
+            "rollout_batch: 1 training tasks can never all start before the next version bump: the staleness "
+            f"budget allows 0 = {BUDGET} - running 1 - queued ahead 2; {ADVICE}"
+        )):  # fmt: skip
+            await ex.rollout_batch(range(1), echo)
+        with pytest.raises(ValueError, match=whole(
+            "prepare_batch: batch_size 2 can never be filled before the next version bump: 0 results are finished "
+            f"or running and the staleness budget allows 0 more = {BUDGET} - running 1 - queued ahead 2 (other work "
+            "first); bump the version (set_version) after each batch, use batch_size <= (max_head_offpolicyness + 1) "
+            "* consumer_batch_size, or raise them"
+        )):  # fmt: skip
+            await ex.prepare_batch([1, 2, 3], echo, batch_size=2)
+        assert ex.statistics().submitted == 3  # the refused calls queued nothing
+        assert len(await ex.rollout_batch(range(5), echo, is_eval=True)) == 5  # evaluation is not budgeted
