@@ -294,3 +294,88 @@ async def test_a_batch_the_budget_can_never_start_is_refused_naming_the_numbers(
             await ex.prepare_batch([1, 2, 3], echo, batch_size=2)
         assert ex.statistics().submitted == 3  # the refused calls queued nothing
         assert len(await ex.rollout_batch(range(5), echo, is_eval=True)) == 5  # evaluation is not budgeted
+
+
+# ------------------------------------------------------------------ what each call passes on
+
+
+async def scaled(engine: Any, data: Any, *, scale: float) -> Trajectory:
+    """``echo`` with the reward multiplied by a workflow keyword."""
+    resp = await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GC))
+    return Trajectory.from_response(resp, float(data) * scale)
+
+
+def small_rewards_only(traj: Any) -> bool:
+    return bool(float(traj.rewards.max()) < 20.0)
+
+
+async def stream_all(ex: Any, items: list[int], **kw: Any) -> list[Any]:
+    async with ex.rollout_stream(items, **kw) as outcomes:
+        return [o async for o in outcomes]
+
+
+async def test_every_call_passes_its_workflow_kwargs_acceptance_and_group_options_on() -> None:
+    """``workflow_kwargs`` reach the workflow, ``should_accept_fn`` judges its trajectories,
+    ``group_options`` reach the group (a bad one is the group's own error), and one slot per
+    task is the default."""
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=100) as ex:
+        kw: dict[str, Any] = {"workflow_kwargs": {"scale": 10.0}, "should_accept_fn": small_rewards_only}
+        batch = await ex.rollout_batch([1, 3], scaled, **kw)
+        assert [(t.batch_size, float(t.rewards[0])) for t in batch] == [(1, 10.0)]
+        outcomes = await stream_all(ex, [1, 3], workflow=scaled, **kw)
+        assert sorted((o.status, o.reason, o.data) for o in outcomes) == [
+            ("accepted", None, 1), ("rejected", "should_accept_fn", 3)
+        ]  # fmt: skip
+        (accepted,) = [o.trajectory for o in outcomes if o.status == "accepted"]
+        assert (accepted.batch_size, float(accepted.rewards[0])) == (1, 10.0)
+        grouped = await ex.rollout_batch([1], scaled, group_size=2, **kw)
+        assert [t.batch_size for t in grouped] == [2]
+        for call in (
+            lambda: ex.rollout_batch([1], scaled, group_size=2, finalize_timeout=0, **kw),
+            lambda: stream_all(ex, [1], workflow=scaled, group_size=2, finalize_timeout=0, **kw),
+            lambda: ex.prepare_batch([1], scaled, batch_size=1, group_size=2, finalize_timeout=0, **kw),
+        ):
+            with pytest.raises(ValueError, match=whole("finalize_timeout must be > 0 seconds, got 0")):
+                await call()
+        with pytest.raises(TypeError, match=whole("should_accept_fn: must be callable or None, got int")):
+            await ex.rollout_batch([1], scaled, workflow_kwargs={"scale": 1.0}, should_accept_fn=1)  # type: ignore[arg-type]
+        (prepared,) = await ex.prepare_batch([1, 3], scaled, batch_size=1, **kw)
+        assert (prepared.batch_size, float(prepared.rewards[0])) == (1, 10.0)
+
+
+async def test_the_stall_warning_names_the_version_the_budget_is_judged_by(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="rollout_trio.executor")
+    async with ScriptedEngine() as engine, open_executor(engine, stall_warning_s=30.0, consumer_batch_size=2) as ex:
+        ex.set_version(3)
+        for i in range(10):
+            ex.submit(i, echo)
+        with trio.move_on_after(40):
+            await ex.wait(9)
+    lines = [r.getMessage() for r in caplog.records if "without progress" in r.getMessage()]
+    assert lines == [
+        "wait has waited 30 s without progress: 0 running, 2 queued, the staleness budget is spent ((max_head_offpolicyness 0"
+        " + version 3 + 1) * consumer_batch_size 2 - accepted 8 - running 0 - queued ahead 2 <= 0: a version bump opens it)"
+    ]
+
+
+async def test_a_batch_abandoned_as_the_executor_stops_leaves_its_queued_tasks_to_the_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The executor stopped on an error: the batch's queued tasks end as the block closes
+    (reason ``closed``), not one by one as the call unwinds."""
+    outcomes: list[Any] = []
+
+    async def boom(engine: Any, data: Any) -> None:
+        raise RuntimeError("bad luck")
+
+    async with ScriptedEngine() as engine:
+        with pytest.raises(ExecutorFailed):
+            async with open_executor(
+                engine, on_workflow_error="raise", max_concurrent_rollouts=1, max_head_offpolicyness=10
+            ) as ex:
+                await ex.rollout_batch([0, 1, 2], boom, callback=outcomes.append)
+    assert [(o.status, o.reason) for o in outcomes] == [
+        ("failed", "workflow_exception"), ("cancelled", "closed"), ("cancelled", "closed")
+    ]  # fmt: skip
