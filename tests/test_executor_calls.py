@@ -379,3 +379,74 @@ async def test_a_batch_abandoned_as_the_executor_stops_leaves_its_queued_tasks_t
     assert [(o.status, o.reason) for o in outcomes] == [
         ("failed", "workflow_exception"), ("cancelled", "closed"), ("cancelled", "closed")
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------------ progress bars
+
+
+class Bar:
+    """Stands in for tqdm: records how each bar was made and the counts it was moved to."""
+
+    made: list[Bar] = []
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw, self.n, self.counts = kw, 0, []  # type: ignore[var-annotated]
+        Bar.made.append(self)
+
+    def update(self, k: int) -> None:
+        self.n += k
+        self.counts.append(self.n)
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+async def test_the_progress_bars_count_what_each_call_has_finished(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``rollout_batch`` counts its finished tasks of all of them, ``prepare_batch`` its
+    accepted trajectories of the batch; ``progress=None`` shows a bar only on a terminal."""
+    import sys
+
+    import tqdm
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    Bar.made.clear()
+    async with ScriptedEngine(delay=1) as engine, open_executor(
+        engine, max_concurrent_rollouts=1, consumer_batch_size=3, max_head_offpolicyness=10
+    ) as ex:
+        await ex.rollout_batch([1, 2, 3], echo)  # stderr is not a terminal here
+        await ex.rollout_batch([1, 2, 3], echo, progress=False)
+        assert Bar.made == []
+        await ex.rollout_batch([1, 2, 3], echo, progress=True)
+        await ex.prepare_batch([1, 2, 3], echo, batch_size=3, cycle=False, progress=True)
+    batch, prepared = Bar.made
+    common = {"file": sys.stderr, "dynamic_ncols": True, "leave": False}
+    assert batch.kw == {"total": 3, "unit": "task", **common}
+    assert prepared.kw == {"total": 3, "unit": "traj", **common}
+    for bar in (batch, prepared):  # moved to each count as it was reached, never past it
+        assert sorted(set(bar.counts)) == [0, 1, 2], bar.counts
+        assert bar.counts == sorted(bar.counts)
+
+
+async def test_prepare_batch_counts_its_running_tasks_once_when_it_refuses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two of the source's tasks running (a first call was cancelled), a budget of 2: a batch
+    of 3 can never fill before a version bump, and the refusal names the 2 in hand."""
+    async with ScriptedEngine(delay=100) as engine, open_executor(engine, consumer_batch_size=2) as ex:
+        with trio.move_on_after(1):
+            await ex.prepare_batch([1, 2, 3, 4], echo, batch_size=2)
+        assert ex.statistics().running == 2
+        with trio.fail_after(DEADLINE), pytest.raises(ValueError, match=whole(
+            "prepare_batch: batch_size 3 can never be filled before the next version bump: 2 results are finished "
+            "or running and the staleness budget allows 0 more = (max_head_offpolicyness 0 + version 0 + 1) * "
+            "consumer_batch_size 2 - accepted 0 - running 2 - queued ahead 0 (other work first); bump the version "
+            "(set_version) after each batch, use batch_size <= (max_head_offpolicyness + 1) * consumer_batch_size, "
+            "or raise them"
+        )):  # fmt: skip
+            await ex.prepare_batch([1, 2, 3, 4], echo, batch_size=3)
+        assert len(await ex.prepare_batch([1, 2, 3, 4], echo, batch_size=2)) == 2  # the two in hand fill this one
