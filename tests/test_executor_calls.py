@@ -450,3 +450,161 @@ async def test_prepare_batch_counts_its_running_tasks_once_when_it_refuses(
         )):  # fmt: skip
             await ex.prepare_batch([1, 2, 3, 4], echo, batch_size=3)
         assert len(await ex.prepare_batch([1, 2, 3, 4], echo, batch_size=2)) == 2  # the two in hand fill this one
+
+
+# ------------------------------------------------------------------ observers, callbacks, logs
+
+
+class Everything:
+    """An observer that records every argument of every event."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def task_queued(self, task_id: int, *, is_eval: bool, time: float) -> None:
+        self.events.append(("queued", task_id, is_eval, time))
+
+    def task_started(self, task_id: int, *, version: int, time: float) -> None:
+        self.events.append(("started", task_id, version, time))
+
+    def task_finished(self, task_id: int, *, status: str, reason: str | None, result: object, time: float) -> None:
+        self.events.append(("finished", task_id, status, reason, result, time))
+
+    def task_consumed(self, task_id: int, *, version: int, lag: int, time: float) -> None:
+        self.events.append(("consumed", task_id, version, lag, time))
+
+
+class Failing:
+    """An observer whose every method raises (each failure is logged, naming the method)."""
+
+    def __repr__(self) -> str:
+        return "<failing observer>"
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("task_"):
+            raise AttributeError(name)
+
+        def fail(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(name)
+
+        return fail
+
+
+async def test_observers_get_every_argument_of_every_event_and_a_failing_one_is_named(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The times are the clock's at each transition, ``finished`` carries the result, the
+    lag of a consumed result counts versions from its own (``version 3 - 1``), a rejected
+    result is never "consumed", and the callback gets the item."""
+    seen, outcomes = Everything(), []
+    async with ScriptedEngine(delay=1) as engine, open_executor(
+        engine, observers=[seen, Failing()], max_head_offpolicyness=10, max_concurrent_rollouts=4
+    ) as ex:
+        t0 = trio.current_time()
+        ex.set_version(1)
+        tid = ex.submit(5, echo, callback=outcomes.append)
+        with trio.fail_after(DEADLINE):
+            await trio.sleep(1.5)  # it finished at t0 + 1 (a virtual second)
+            ex.set_version(3)
+            (traj,) = await ex.wait(1)
+            results = await ex.rollout_batch([1, 30], echo, should_accept_fn=small_rewards_only, callback=outcomes.append)
+    t1 = t0 + 1.5
+    assert seen.events[:4] == [
+        ("queued", tid, False, t0), ("started", tid, 1, t0), ("finished", tid, "accepted", None, traj, t0 + 1),
+        ("consumed", tid, 3, 2, t1),
+    ]  # fmt: skip
+    kinds = [(e[0], e[1]) for e in seen.events[4:]]
+    batch_ids = sorted({e[1] for e in seen.events[4:]})
+    (accepted_id,) = [e[1] for e in seen.events if e[0] == "finished" and e[2] == "accepted" and e[1] != tid]
+    assert [k for k in kinds if k[0] == "consumed"] == [("consumed", accepted_id)]  # the rejected one is not
+    assert len(results) == 1 and len(batch_ids) == 2
+    assert sorted((o.status, o.data) for o in outcomes) == [("accepted", 1), ("accepted", 5), ("rejected", 30)]
+    failures = {r.getMessage() for r in caplog.records if r.getMessage().startswith("Executor observer")}
+    assert failures == {
+        f"Executor observer <failing observer> failed in {name}."
+        for name in ("task_queued", "task_started", "task_finished", "task_consumed")
+    }
+
+
+async def test_a_failing_callback_and_a_stale_drop_are_logged_whole(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="rollout_trio.executor")
+
+    def broken(outcome: Any) -> None:
+        raise RuntimeError("callback bug")
+
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=1, consumer_batch_size=2) as ex:
+        tid = ex.submit(1, echo, callback=broken)
+        with trio.fail_after(60):
+            while ex.statistics().buffered == 0:
+                await trio.testing.wait_all_tasks_blocked()
+        ex.set_version(2)
+        assert await ex.wait(1, timeout=0, raise_timeout=False) == []  # dropped as stale
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"Completion callback of task {tid} failed." in messages
+    assert f"Task {tid}: dropped, its oldest token (version 0) is older than 1." in messages
+
+
+async def test_wait_for_task_answers_through_a_run_of_rejections_and_names_itself_when_stalled(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Waiting for one task is not stopped by other tasks ending without a trajectory (that
+    task's own answer may be None), and its stall warning names the call."""
+    caplog.set_level("WARNING", logger="rollout_trio.executor")
+
+    async def nothing(engine: Any, data: Any) -> None:
+        return None
+
+    async def late(engine: Any, data: Any) -> Trajectory:
+        await trio.sleep(100)
+        return await echo(engine, data)
+
+    async with ScriptedEngine() as engine, open_executor(
+        engine, max_consecutive_rejections=2, stall_warning_s=30.0, max_head_offpolicyness=10, max_concurrent_rollouts=8
+    ) as ex:
+        tid = ex.submit(4, late, workflow_kwargs=None)
+        for i in range(5):
+            ex.submit(i, nothing)
+        with trio.fail_after(DEADLINE):
+            traj = await ex.wait_for_task(tid)
+    assert traj is not None and float(traj.rewards[0]) == 4.0
+    lines = [r.getMessage() for r in caplog.records if "without progress" in r.getMessage()]
+    assert lines == ["wait_for_task has waited 30 s without progress: 1 running"]
+
+
+async def test_submit_binds_its_workflow_kwargs() -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        tid = ex.submit(2, scaled, workflow_kwargs={"scale": 4.0})
+        traj = await ex.wait_for_task(tid)
+    assert traj is not None and float(traj.rewards[0]) == 8.0
+
+
+async def test_prepare_batch_checks_its_first_calls_arguments_and_names_another_source() -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        with pytest.raises(TypeError, match=whole("should_accept_fn: must be callable or None, got int")):
+            await ex.prepare_batch([1], echo, batch_size=1, should_accept_fn=1)  # type: ignore[arg-type]
+        source = [1, 2]
+        await ex.prepare_batch(source, echo, batch_size=1)
+        with pytest.raises(ValueError, match=whole(
+            "prepare_batch: called with another data source or workflow than the first call; "
+            "one executor cycles one source (use submit / rollout_batch for others)"
+        )):  # fmt: skip
+            await ex.prepare_batch([3], echo, batch_size=1)
+
+
+async def test_a_terminal_gets_a_progress_bar_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import sys
+
+    import tqdm
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    Bar.made.clear()
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=10) as ex:
+        await ex.rollout_batch([1], echo)
+        await ex.rollout_batch([1], echo, progress=False)
+    assert [bar.kw["file"] for bar in Bar.made] == [sys.stderr]
