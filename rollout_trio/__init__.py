@@ -24,6 +24,8 @@ if _typing.TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ i
     from ._convert import converter as converter
     from ._convert import from_json as from_json
     from ._convert import to_json as to_json
+    from ._stats import StatsRecorder as StatsRecorder
+    from ._stats import StatSummary as StatSummary
     from ._errors import EngineConnectError as EngineConnectError
     from ._errors import EngineError as EngineError
     from ._errors import EngineLocalError as EngineLocalError
@@ -124,6 +126,8 @@ __all__ = [
     "RolloutGroup",
     "RolloutWorkflow",
     "ServerUnavailableError",
+    "StatSummary",
+    "StatsRecorder",
     "SyncRolloutExecutor",
     "Trajectory",
     "TrajectoryDumper",
@@ -216,6 +220,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "run_group": ("._group", "run_group"),
     "ServerUnavailableError": ("._errors", "ServerUnavailableError"),
     "split_trajectories": ("._padding", "split_trajectories"),
+    "StatSummary": ("._stats", "StatSummary"),
+    "StatsRecorder": ("._stats", "StatsRecorder"),
     "SyncRolloutExecutor": (".executor", "SyncRolloutExecutor"),
     "to_json": ("._convert", "to_json"),
     "Trajectory": ("._trajectory", "Trajectory"),

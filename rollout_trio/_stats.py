@@ -17,7 +17,19 @@ __all__ = ["StatSummary", "StatsRecorder"]
 
 @attrs.frozen
 class StatSummary:
-    """The aggregate of every value recorded under one ``"scope/name"``."""
+    """The aggregate of every value recorded under one ``"scope/name"``.
+
+    Attributes:
+        count: how many values were recorded.
+        total: their sum.
+        sum_of_squares: the sum of their squares.
+        min: the smallest.
+        max: the largest.
+
+    Raises:
+        TypeError: a field left out (:meth:`StatsRecorder.summaries` makes these; the fields are
+            not validated).
+    """
 
     count: int
     total: float
@@ -70,7 +82,15 @@ class StatsRecorder:
         self._aggregates: dict[str, _Aggregate] = {}
 
     def record(self, scope: str, values: Mapping[str, float]) -> None:
-        """Add ``values`` (one value per name) to the aggregates of ``scope``."""
+        """Add ``values`` (one value per name) to the aggregates of ``scope``.
+
+        Args:
+            scope: the prefix of the keys (``"rollout"``, ``"eval-rollout"``).
+            values: name -> value; each is read as a float.
+
+        Raises:
+            TypeError, ValueError: a value ``float()`` refuses (nothing is recorded then).
+        """
         items = [(f"{scope}/{name}", float(value)) for name, value in values.items()]
         with self._lock:
             aggregates = self._aggregates
@@ -81,7 +101,14 @@ class StatsRecorder:
                 agg.add(value)
 
     def summaries(self, *, reset: bool = False) -> dict[str, StatSummary]:
-        """Each ``"scope/name"``'s aggregate so far (and, with ``reset``, forget them)."""
+        """Each ``"scope/name"``'s aggregate so far.
+
+        Args:
+            reset: also forget them (the next call starts from nothing).
+
+        Returns:
+            ``"scope/name"`` -> :class:`StatSummary`.
+        """
         with self._lock:
             aggregates = self._aggregates
             if reset:
@@ -89,5 +116,12 @@ class StatsRecorder:
             return {key: agg.summary() for key, agg in aggregates.items()}
 
     def export(self, *, reset: bool = True) -> dict[str, float]:
-        """The mean of each ``"scope/name"``, and (by default) forget the aggregates."""
+        """The mean of each ``"scope/name"``.
+
+        Args:
+            reset: forget the aggregates (the default), as a trainer reading once per step wants.
+
+        Returns:
+            ``"scope/name"`` -> the mean of its values.
+        """
         return {key: s.mean for key, s in self.summaries(reset=reset).items()}

@@ -517,6 +517,7 @@ async def test_observers_get_every_argument_of_every_event_and_a_failing_one_is_
     batch_ids = sorted({e[1] for e in seen.events[4:]})
     (accepted_id,) = [e[1] for e in seen.events if e[0] == "finished" and e[2] == "accepted" and e[1] != tid]
     assert [k for k in kinds if k[0] == "consumed"] == [("consumed", accepted_id)]  # the rejected one is not
+    assert [e[2:4] for e in seen.events if e[0] == "consumed" and e[1] == accepted_id] == [(3, 0)]  # no lag
     assert len(results) == 1 and len(batch_ids) == 2
     assert sorted((o.status, o.data) for o in outcomes) == [("accepted", 1), ("accepted", 5), ("rejected", 30)]
     failures = {r.getMessage() for r in caplog.records if r.getMessage().startswith("Executor observer")}
@@ -608,3 +609,43 @@ async def test_a_terminal_gets_a_progress_bar_by_default(monkeypatch: pytest.Mon
         await ex.rollout_batch([1], echo)
         await ex.rollout_batch([1], echo, progress=False)
     assert [bar.kw["file"] for bar in Bar.made] == [sys.stderr]
+
+
+async def test_the_stats_recorder_given_is_the_one_filled() -> None:
+    from rollout_trio import StatsRecorder
+
+    stats = StatsRecorder()
+    async with ScriptedEngine() as engine, open_executor(engine, stats=stats, max_head_offpolicyness=10) as ex:
+        await ex.rollout_batch([1], echo, group_size=2)
+        assert ex.stats is stats
+    assert stats.export()["rollout/target_slot_count"] == 2.0
+
+
+async def test_a_stop_the_body_saw_and_handled_leaves_the_block_quietly() -> None:
+    """Leaving raises ``ExecutorFailed`` only for a stop the body never saw."""
+
+    async def boom(engine: Any, data: Any) -> None:
+        raise RuntimeError("bad luck")
+
+    async with ScriptedEngine() as engine:
+        async with open_executor(engine, on_workflow_error="raise") as ex:
+            ex.submit(0, boom)
+            with pytest.raises(ExecutorFailed):
+                await ex.wait(1)
+        with pytest.raises(ExecutorFailed):
+            async with open_executor(engine, on_workflow_error="raise") as ex:
+                ex.submit(0, boom)
+                with trio.fail_after(60):
+                    while ex._failure is None:
+                        await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_a_submitted_result_dropped_as_stale_frees_its_id(autojump_clock: trio.testing.MockClock) -> None:
+    async with ScriptedEngine() as engine, open_executor(engine, max_head_offpolicyness=1, consumer_batch_size=2) as ex:
+        tid = ex.submit(1, echo)
+        await trio.sleep(1)
+        ex.set_version(2)
+        assert await ex.wait(1, timeout=1, raise_timeout=False) == []  # dropped as stale
+        assert ex.submit(2, echo, task_id=tid) == tid  # its id is free again
+        assert float((await ex.wait_for_task(tid)).rewards[0]) == 2.0  # type: ignore[union-attr]
+        assert ex.statistics().stale == 1

@@ -365,12 +365,9 @@ class RolloutExecutor(ConsumerCalls, Control, EpisodeRunner):
                 # A stale result gives back its budget and its room in the pool: drop it
                 # before deciding what can start (a no-op unless one is old enough).
                 self._sweep_stale()
-            started = False
+            # (No call waits for a start: they wait for ends and versions, which notify.)
             while (task := admission.next_task()) is not None:
                 self._start(task)
-                started = True
-            if started:
-                self._notify()
             if admission.starved():
                 # Starved of budget: only a version bump opens it, and the trainer may bump
                 # the engine directly (polled: no call tells the executor).
