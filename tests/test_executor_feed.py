@@ -18,18 +18,12 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_trio import GenerationConfig, ModelRequest, Trajectory
 from rollout_trio.executor import open_executor
 from rollout_trio.testing import ScriptedEngine
 
-GC = GenerationConfig(max_new_tokens=1)
+from .executor_helpers import echo
+
 DEADLINE = 60.0  # real seconds: far more than any of these calls needs
-
-
-async def echo(engine: Any, data: Any) -> Trajectory:
-    """One generation whose reward is the item (so results say which item they came from)."""
-    resp = await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GC))
-    return Trajectory.from_response(resp, float(data))
 
 
 def rewards(results: list[Any]) -> list[float]:

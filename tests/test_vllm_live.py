@@ -123,6 +123,16 @@ async def until(check: Callable[[], Awaitable[bool]]) -> None:
         await trio.sleep(0.05)
 
 
+async def until_idle(polls: httpx.AsyncClient) -> None:
+    """Poll until the server holds no request, running or waiting (the caller's deadline bounds it)."""
+
+    async def idle() -> bool:
+        running = await metric(polls, "vllm:num_requests_running")
+        return running == 0 and await metric(polls, "vllm:num_requests_waiting") == 0
+
+    await until(idle)
+
+
 # Measured on vLLM 0.32's CPU build on 2 cores: while a batch decodes, a new connection to the
 # server (a /metrics poll, curl, or the engine's abort) often waits until the batch ends, while a
 # connection opened before usually answers in 5 ms (not always, under a CPU hog). So the polls keep
@@ -155,11 +165,7 @@ async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: in
                 break
             await trio.sleep(0.05)
 
-    async def idle() -> bool:
-        running = await metric(polls, "vllm:num_requests_running")
-        return running == 0 and await metric(polls, "vllm:num_requests_waiting") == 0
-
-    await until(idle)  # aborted, or (without the aborts) run to their LONGEST tokens
+    await until_idle(polls)  # aborted, or (without the aborts) run to their LONGEST tokens
     return seen
 
 
@@ -264,11 +270,7 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
                 # The aborts' connection is opened first: a starved server answers it at once.
                 assert (await control.get(base + "/health")).status_code == 200
 
-                async def idle() -> bool:
-                    running = await metric(control, "vllm:num_requests_running")
-                    return running == 0 and await metric(control, "vllm:num_requests_waiting") == 0
-
-                await until(idle)  # so that a later reading of two running requests is of these
+                await until_idle(control)  # so that a later reading of two running requests is of these
 
                 async def run(key: str, call: HttpCall, result: dict[str, httpx.Response] = result) -> None:
                     result[key] = await client.post(base + call.path, json=call.json)
