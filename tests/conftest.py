@@ -14,6 +14,9 @@ torch.set_num_threads(1)
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# A skip's reason survives pytest-trio (tests/skip_reasons.py).
+from .skip_reasons import pytest_pyfunc_call  # noqa: F401
+
 # One real vLLM server per test session for the live modules (started only when one asks).
 from .vllm_server import vllm_checkpoints, vllm_server, vllm_url, vllm_vision_url  # noqa: F401
 
@@ -47,7 +50,7 @@ SLOW_MODULES = {
         "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "remote_router", "run_vision",
         "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
         "executor_engines", "cli", "cli_top_end", "public_api", "doc_blocks", "serve_vision", "server_app",
-        "hostile_local", "layout", "process_isolation", "vllm_vision_live", "claude_code_cli", "replay_vision", "own_deadline",
+        "hostile_local", "layout", "process_isolation", "vllm_vision_live", "claude_code_cli", "replay_vision", "own_deadline", "skip_reasons",
     )),
     "props/test_executor_machine.py", "props/test_group_local_props.py",
 }  # fmt: skip
