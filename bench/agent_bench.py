@@ -6,11 +6,14 @@ Every path does the same work per completion (chat template, an engine call answ
 the HTTP layer costs:
 
 * direct: the endpoint's chat template, ``engine.agenerate``, decode, no HTTP;
-* in-process httpx: POST /v1/chat/completions over ``OpenAIEndpoint.in_process_transport()``
-  (``httpx.ASGITransport``, no socket), the client inline agents get;
+* in-process client: POST /v1/chat/completions with ``OpenAIEndpoint.in_process_client()``
+  (an ``httpx.AsyncClient`` on ``InProcessTransport``: no socket, no ASGI messages), the
+  client inline agents get;
 * in-process openai: the same through ``openai.AsyncOpenAI`` (what agents use);
-* httpx client alone: the same requests to an ASGI app answering a fixed body at once,
-  i.e. what ``httpx.AsyncClient`` + ``ASGITransport`` cost with no endpoint behind them.
+* in-process httpx + ASGITransport: a plain ``httpx.AsyncClient`` on
+  ``httpx.ASGITransport(app=endpoint.app)``, the path before ``InProcessTransport``;
+* client alone: the same requests, with the same client, to an app answering a fixed body
+  at once, i.e. what the client and its transport cost with no endpoint behind them.
   An in-process completion costs at least that plus a direct one, so
   ``1 / (1 + direct/alone)`` is the best ratio any endpoint could reach (printed);
 * loopback: the same app served by Hypercorn's Trio worker on 127.0.0.1, with httpx's
@@ -35,6 +38,7 @@ import openai
 import trio
 
 from rollout_trio import GenerationConfig, ModelRequest, ModelResponse
+from rollout_trio._http import HTTPApp, InProcessClient, Request, Response, ServerLimits
 from rollout_trio.agents import OpenAIEndpoint, serve_app
 from rollout_trio.agents._schema import ChatMessage
 from rollout_trio.agents._template import ChatTemplate
@@ -92,6 +96,23 @@ async def fixed_answer_app(
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_FIXED)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": _FIXED})
+
+
+async def _fixed_answer(request: Request) -> Response:
+    await request.body()
+    await trio.lowlevel.checkpoint()  # as the engine call does
+    return Response(200, _FIXED)
+
+
+#: The same fixed answer as an HTTPApp, for the in-process client's own cost.
+fixed_answer_http_app = HTTPApp(
+    {("POST", "/v1/chat/completions"): _fixed_answer}, limits=ServerLimits(), error_body=lambda status, message: b"{}"
+)
+
+
+def fixed_answer_client() -> InProcessClient:
+    """The client inline agents get, on an app answering a fixed body at once: its own cost."""
+    return InProcessClient(fixed_answer_http_app, base_url="http://agent/v1/")
 
 
 async def run_agents(agents: int, agent: Agent) -> None:
@@ -153,12 +174,15 @@ async def main(args: argparse.Namespace) -> None:
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     results: dict[str, float] = {}
     results["direct (template + agenerate + decode)"] = await measure(direct(engine, t), n, t, r)
-    transport = endpoint.in_process_transport()  # what AgentRolloutWorkflow hands inline agents
-    async with httpx.AsyncClient(transport=transport, base_url="http://agent/v1/", timeout=60) as client:
-        results["in-process httpx"] = await measure(via_httpx(endpoint, t, client), n, t, r)
+    async with endpoint.in_process_client() as client:  # what AgentRolloutWorkflow hands inline agents
+        results["in-process client"] = await measure(via_httpx(endpoint, t, client), n, t, r)
         results["in-process openai SDK"] = await measure(via_openai(endpoint, t, client), n, t, r)
+    async with fixed_answer_client() as client:
+        results["in-process client alone (fixed answer)"] = await measure(via_httpx(endpoint, t, client), n, t, r)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint.app), base_url="http://agent/v1/", timeout=60) as client:
+        results["in-process httpx + ASGITransport"] = await measure(via_httpx(endpoint, t, client), n, t, r)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fixed_answer_app), base_url="http://agent/v1/", timeout=60) as client:
-        results["httpx client alone (fixed-answer app)"] = await measure(via_httpx(endpoint, t, client), n, t, r)
+        results["httpx + ASGITransport alone (fixed answer)"] = await measure(via_httpx(endpoint, t, client), n, t, r)
     async with trio.open_nursery() as nursery:
         base = await nursery.start(serve_app, endpoint.app, "127.0.0.1", 0)
         async with httpx.AsyncClient(base_url=f"{base}/v1/", limits=limits, timeout=60) as client:
@@ -175,8 +199,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'path':<40} {'completions/s':>14} {'vs direct':>10}")
     for name, rate in results.items():
         print(f"{name:<40} {rate:>14.0f} {rate / baseline:>9.2f}x")
-    alone = results["httpx client alone (fixed-answer app)"]
-    print(f"best in-process ratio an httpx client allows: 1 / (1 + direct/alone) = {1 / (1 + baseline / alone):.2f}x")
+    alone = results["in-process client alone (fixed answer)"]
+    print(f"best in-process ratio the in-process client allows: 1 / (1 + direct/alone) = {1 / (1 + baseline / alone):.2f}x")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from ._app import Request as Request
 from ._app import Response as Response
 from ._app import json_bytes as json_bytes
 from ._app import send_response as send_response
+from ._in_process import InProcessClient as InProcessClient
+from ._in_process import InProcessTransport as InProcessTransport
 from ._convert import TypeRule as TypeRule
 from ._convert import check_text as check_text
 from ._convert import strict_converter as strict_converter
@@ -22,6 +24,8 @@ __all__ = [
     "ClientGone",
     "HTTPApp",
     "HTTPError",
+    "InProcessClient",
+    "InProcessTransport",
     "Request",
     "Response",
     "ServerLimits",

@@ -2,7 +2,7 @@
 
 One :class:`HTTPApp` serves ``rollout-trio serve``'s SGLang routes and the agent
 endpoint's OpenAI routes, over a socket (:func:`~rollout_trio._http.serve_app`) or in
-process (``httpx.ASGITransport``). Per request it:
+process (:class:`~rollout_trio._http.InProcessTransport`, or any ASGI client). Per request it:
 
 * refuses a head larger than ``limits.max_header_bytes`` (431) whether it arrived in
   one piece or several, and a request framed twice (``Content-Length`` and
@@ -101,12 +101,13 @@ def _parser_limiter() -> trio.CapacityLimiter:
 class Request:
     """One request: its head, and its body read within the server's limits."""
 
-    def __init__(self, scope: Scope, receive: Receive, limits: ServerLimits) -> None:
+    def __init__(self, scope: Scope, receive: Receive, limits: ServerLimits, *, body: bytes | None = None) -> None:
         self.scope = scope
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.limits = limits
         self._receive = receive
+        self._body = body  # the whole body, when the caller handed it over (in process)
         self._headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             self._headers.setdefault(bytes(name).lower(), bytes(value))
@@ -130,6 +131,10 @@ class Request:
             raise HTTPError(
                 413, f"body: {int(declared)} bytes is over the limit of {limit} bytes (max_body_bytes={limit})", close=True
             )
+        if self._body is not None:  # already in memory: nothing to wait for
+            if len(self._body) > limit:
+                raise HTTPError(413, f"body: over the limit of {limit} bytes (max_body_bytes={limit})", close=True)
+            return self._body
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(self.limits.read_deadline) as deadline:
@@ -243,10 +248,24 @@ class HTTPApp:
             return
         await send_response(send, response)
 
-    async def _respond(self, scope: Scope, receive: Receive) -> Response:
+    async def respond_in_memory(self, scope: Scope, body: bytes) -> Response:
+        """The answer to a request whose head (an ASGI ``http`` scope) and whole body the
+        caller holds: what :meth:`__call__` sends, with no ASGI messages and no read
+        deadline (nothing is in transit). Used by in-process transports in the caller's task.
+
+        Args:
+            scope: ``method``, ``path`` and ``headers`` (lower-case names, as bytes).
+            body: the request's body.
+
+        Returns:
+            The answer, under the same limits, routes and error bodies as a served request.
+        """
+        return await self._respond(scope, _never_disconnects, body)
+
+    async def _respond(self, scope: Scope, receive: Receive, body: bytes | None = None) -> Response:
         if _head_size(scope) > self.limits.max_header_bytes:
             return self.error(431, f"request head exceeds max_header_bytes={self.limits.max_header_bytes}", close=True)
-        request = Request(scope, receive, self.limits)
+        request = Request(scope, receive, self.limits, body=body)
         if request.header("content-length") is not None and request.header("transfer-encoding") is not None:
             return self.error(400, "request framed twice: both Content-Length and Transfer-Encoding", close=True)
         handler = self.routes.get((request.method, request.path))
@@ -270,12 +289,24 @@ class HTTPApp:
             return self.error(500, f"{type(exc).__name__}: {exc}")
 
 
-async def send_response(send: Send, response: Response) -> None:
-    """Send ``response`` whole; a client already gone is not an error."""
+async def _never_disconnects() -> Message:
+    """``receive`` of a request handed over whole, in the caller's task: its caller's
+    cancellation, not a disconnect message, ends the work."""
+    await trio.sleep_forever()
+
+
+def response_headers(response: Response) -> list[tuple[bytes, bytes]]:
+    """The head of ``response`` as sent: its length, its content type (if it has a body), its extra headers."""
     headers = [(b"content-length", str(len(response.body)).encode())]
     if response.content_type is not None and response.body:
         headers.append((b"content-type", response.content_type.encode()))
     headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers]
+    return headers
+
+
+async def send_response(send: Send, response: Response) -> None:
+    """Send ``response`` whole; a client already gone is not an error."""
+    headers = response_headers(response)
     try:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})

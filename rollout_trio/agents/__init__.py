@@ -14,6 +14,8 @@ export style::
 
 from .._util import fixup_module_metadata as _fixup_module_metadata
 from ._endpoint import OpenAIEndpoint as OpenAIEndpoint
+from .._http import InProcessClient as InProcessClient
+from .._http import InProcessTransport as InProcessTransport
 from ._schema import APIError as APIError
 from ..server import ServerLimits as ServerLimits  # its home is rollout_trio.server, whichever loads first
 from ._server import serve_app as serve_app
@@ -27,6 +29,8 @@ __all__ = [
     "AgentProcessError",
     "AgentRolloutWorkflow",
     "AgentSession",
+    "InProcessClient",
+    "InProcessTransport",
     "OpenAIEndpoint",
     "ServerLimits",
     "assign_rewards",

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import httpx
 
+from .._http import InProcessClient, InProcessTransport
+
 __all__ = ["HTTP_LIBRARIES", "HttpLibrary", "http_library_of", "open_agent_client"]
 
 HttpLibrary = Literal["auto", "httpx", "httpx2"]
@@ -92,6 +94,8 @@ def open_agent_client(library: Literal["httpx", "httpx2"], transport: httpx.Asyn
         An ``httpx.AsyncClient`` or ``httpx2.AsyncClient`` (an async context manager).
     """
     if library == "httpx":
+        if isinstance(transport, InProcessTransport):  # the endpoint's own: the client's short path too
+            return InProcessClient(transport.app, base_url=base_url)
         return httpx.AsyncClient(transport=transport, base_url=base_url, timeout=None)
     import httpx2  # only with the Anthropic SDK, which requires it
 

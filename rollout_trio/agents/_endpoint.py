@@ -2,7 +2,8 @@
 
 The app is the package's one HTTP layer (:class:`~rollout_trio._http.HTTPApp`: limits,
 bodies, disconnects), the same as ``rollout-trio serve``'s. In-process callers reach it
-through ``httpx.ASGITransport`` (no socket); agents in other processes reach the same app
+through :class:`~rollout_trio.agents.InProcessTransport` (no socket, no ASGI messages) or
+:class:`~rollout_trio.agents.InProcessClient`; agents in other processes reach the same app
 served by Hypercorn's Trio worker on loopback (:func:`~rollout_trio.agents.serve_app`).
 Every completion is recorded as an :class:`~rollout_trio.Interaction` in the session
 whose key the request carries as its api key.
@@ -18,12 +19,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
-import httpx
 import trio
 
 from .._config import GenerationConfig
 from .._errors import UnsupportedRequestError, WorkflowContractError
-from .._http import HTTPApp, HTTPError, Request, Response, ServerLimits, json_bytes
+from .._http import HTTPApp, HTTPError, InProcessClient, InProcessTransport, Request, Response, ServerLimits, json_bytes
 from .._images import DEFAULT_MAX_IMAGE_PIXELS, ImageInputError, image_token_id
 from .._interaction import Interaction
 from .._io import ModelRequest, ModelResponse
@@ -148,15 +148,29 @@ class OpenAIEndpoint:
         }
         return HTTPApp(routes, limits=limits, error_body=_error_body)
 
-    def in_process_transport(self) -> httpx.ASGITransport:
-        """An ``httpx`` transport to :attr:`app` for callers in this Trio run (no socket).
+    def in_process_transport(self) -> InProcessTransport:
+        """An ``httpx`` transport to this endpoint for callers in this Trio run (no socket).
 
-        ``httpx.ASGITransport`` runs the app in the calling task, so a cancelled caller
-        cancels its generation directly: chat completions through this transport skip
-        the client-disconnect watcher a served app needs. ``ASGITransport(app=endpoint.app)``
-        works too, only slower.
+        It runs the app in the calling task, so a cancelled caller cancels its generation
+        directly: chat completions through it skip the client-disconnect watcher a served
+        app needs. ``httpx.ASGITransport(app=endpoint.app)`` works too, only slower.
+
+        Returns:
+            A transport for ``httpx.AsyncClient(transport=...)``.
         """
-        return httpx.ASGITransport(app=self._in_process_app)
+        return InProcessTransport(self._in_process_app)
+
+    def in_process_client(self, base_url: str = "http://agent/v1/", **kwargs: Any) -> InProcessClient:
+        """An ``httpx.AsyncClient`` to this endpoint for callers in this Trio run: what inline agents get.
+
+        Args:
+            base_url: the client's base URL (any host: nothing is resolved).
+            **kwargs: other ``httpx.AsyncClient`` arguments (headers, event hooks, ...).
+
+        Returns:
+            An :class:`InProcessClient` (an async context manager).
+        """
+        return InProcessClient(self._in_process_app, base_url=base_url, **kwargs)
 
     # ---------------------------------------------------------------- sessions
 

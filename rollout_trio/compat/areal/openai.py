@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import httpx
 
 from ._errors import ArealCompatError
 from .io_struct import ModelResponse
@@ -119,7 +118,7 @@ class ArealOpenAI(_AsyncOpenAI if _AsyncOpenAI is not None else object):  # type
             self._endpoint = OpenAIEndpoint(_native_engine(engine), tokenizer)
         self._session_block = self._endpoint.session(chat_template_type=chat_template_type)
         self._session = self._session_block.__enter__()
-        client = httpx.AsyncClient(transport=self._endpoint.in_process_transport(), base_url=_BASE_URL, timeout=None)
+        client = self._endpoint.in_process_client(base_url=_BASE_URL)
         super().__init__(base_url=_BASE_URL, api_key=self._session.key, http_client=client, **kwargs)
         self.chat.completions = _Completions(self.chat.completions, self._endpoint.model_name)
 
