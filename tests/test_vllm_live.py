@@ -238,66 +238,60 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
     assert 1 in v  # tokens after the update carry the server's new label
 
 
-async def test_backend_abort_uses_the_server_side_id() -> None:
-    """The abort our backend builds stops a live request (its connection stays open).
+#: How long the abort is repeated on the paused server before it is resumed. With the right id
+#: the request answers as soon as it is queued (measured: at the first abort); only a wrong id
+#: waits this out, and then fails.
+ABORT_WINDOW_S = 20
 
-    Each round starts on an idle server and sends the request with a witness: a request
-    sent beside it, half as long, never aborted. vLLM's gauges lag (an old reading may show
-    a request that has ended), so the witness is what says the request is still far from its
-    end: an abort answered after the server was seen holding both (a reading taken after an
-    idle one) and before the witness's answer came back reached the server with about half the
-    request's tokens still to go, and must stop it. An abort that reaches the server before the
-    request is a no-op and a starved server may answer it late: a round is judged once an
-    abort was answered in that window, up to ROUNDS run, else a skip; with a wrong id a
-    judged round runs to its end and fails."""
+
+async def test_backend_abort_uses_the_server_side_id() -> None:
+    """The abort our backend builds stops the request it names (its connection stays open).
+
+    Judged on a paused server (``/pause?mode=keep``): a request sent meanwhile waits in the
+    scheduler, and the server, decoding nothing, answers at once. While a tiny model decodes,
+    vLLM's API server may answer no other request (not even on a connection opened before)
+    until the batch ends, so an abort aimed at a running request could not be timed. The
+    abort is repeated until the request answers, which with the right id it does, aborted,
+    as soon as it is queued (an abort that comes first is a no-op); then the server resumes.
+    With a wrong id the request never answers while paused, runs to its LONGEST tokens after
+    the resume, and the test fails."""
     from rollout_trio.engines._remote_wire import HttpCall
     from rollout_trio.engines._vllm import VLLMBackend
 
-    backend = VLLMBackend("tito")
-    g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
-    half = GenerationConfig(max_new_tokens=LONGEST // 2, ignore_eos=True)
     base = URL.rstrip("/")
-    outcomes = []
-    for attempt in range(ROUNDS):
-        rid = f"live-abort-id-{attempt}"
-        gen = backend.generate(PROMPT, g, max_new=LONGEST, min_new=0, rid=rid)
-        witness = backend.generate(PROMPT, half, max_new=LONGEST // 2, min_new=0, rid=f"live-abort-witness-{attempt}")
-        abort = backend.abort(rid)
-        assert abort is not None
-        result: dict[str, httpx.Response] = {}
-        with trio.fail_after(60):
-            async with httpx.AsyncClient(timeout=60) as client, httpx.AsyncClient(timeout=60) as control:
-                # The aborts' connection is opened first: a starved server answers it at once.
-                assert (await control.get(base + "/health")).status_code == 200
+    async with httpx.AsyncClient() as probe:
+        if (await probe.get(base + "/is_paused")).status_code != 200:
+            pytest.skip("the vLLM server is not in dev mode (VLLM_SERVER_DEV_MODE=1): no /pause, /resume")
+    backend = VLLMBackend("tito")
+    gen = backend.generate(PROMPT, GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True), max_new=LONGEST, min_new=0, rid="live-abort-id")
+    abort = backend.abort("live-abort-id")
+    assert abort is not None
+    result: dict[str, httpx.Response] = {}
+    aborts = 0
+    with trio.fail_after(ABORT_WINDOW_S + 120):
+        async with httpx.AsyncClient(timeout=120) as client, httpx.AsyncClient(timeout=60) as control:
+            await until_idle(control)  # nothing else is queued or running
 
-                await until_idle(control)  # so that a later reading of two running requests is of these
+            async def run(call: HttpCall) -> None:
+                result["r"] = await client.post(base + call.path, json=call.json)
 
-                async def run(key: str, call: HttpCall, result: dict[str, httpx.Response] = result) -> None:
-                    result[key] = await client.post(base + call.path, json=call.json)
-
+            assert (await control.post(base + "/pause", params={"mode": "keep"})).status_code == 200
+            try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run, "r", gen)
-                    nursery.start_soon(run, "w", witness)
-                    # Abort until the answer comes back (its metrics lag too much to wait on them),
-                    # counting the aborts answered in the window the docstring names.
-                    running = False
-                    landed = 0
-                    while "r" not in result:
-                        running = running or await metric(control, "vllm:num_requests_running") >= 2
-                        r = await control.post(base + abort.path, json=abort.json)
-                        assert r.status_code == 200
-                        landed += running and "w" not in result
-                        await trio.sleep(0.05)
-        seg = backend.parse(result["r"].json())
-        outcomes.append((seg.stop_reason, len(seg.tokens), landed))
-        if seg.stop_reason == "abort" or landed:
-            break
-    else:
-        pytest.skip(
-            f"in {ROUNDS} rounds the server answered no abort while it ran the request far from its end"
-            f" (a vLLM CPU server starved on a small machine): {outcomes}"
-        )
-    assert outcomes[-1][0] == "abort" and outcomes[-1][1] < LONGEST, outcomes
+                    nursery.start_soon(run, gen)
+                    with trio.move_on_after(ABORT_WINDOW_S):
+                        while "r" not in result:
+                            assert (await control.post(base + abort.path, json=abort.json)).status_code == 200
+                            aborts += 1
+                            await trio.sleep(0.1)
+                    answered_paused = "r" in result
+                    with trio.CancelScope(shield=True):
+                        assert (await control.post(base + "/resume")).status_code == 200
+            finally:
+                with trio.CancelScope(shield=True):  # leave the server as found, whatever happened
+                    await control.post(base + "/resume")
+    seg = backend.parse(result["r"].json())
+    assert (answered_paused, seg.stop_reason, len(seg.tokens)) == (True, "abort", 0), aborts
 
 
 # ------------------------------------------------------------- weights, and a server that dies
