@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import trio
 import trio.testing
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rollout_trio import ModelRequest, Trajectory, workflow_context
@@ -46,13 +46,21 @@ configs = st.fixed_dictionaries(
 
 
 @given(configs, operations)
+@example(  # submits past queue_size: the fourth waits for a wait() (the gate: pool + running < queue_size)
+    config={"max_concurrent_rollouts": 4, "consumer_batch_size": 3, "max_head_offpolicyness": 2, "queue_size": 3},
+    ops=[("submit", (0, False, "ok"))] * 5 + [("sleep", 1), ("wait", (3, 1))],
+)
+@example(  # an abandoned batch's 3 results handed to the pool beside a submit's (the pool then held 4 > 3)
+    config={"max_concurrent_rollouts": 1, "consumer_batch_size": 2, "max_head_offpolicyness": 1, "queue_size": 3},
+    ops=[("submit", (0, False, "ok")), ("batch", ([(0, False, "ok"), (0, False, "ok"), (1, False, "ok")], 1))],
+)
 def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_delivered_twice(
     config: dict[str, int], ops: list[tuple[str, Any]]
 ) -> None:
     """Invariant: at every instant ``submitted == accepted + rejected + failed + cancelled +
     queued + running + buffered``; every task ends exactly once (one callback); every
     trajectory accepted is either delivered exactly once or still buffered at the end;
-    the common pool's waiting results never exceed queue_size; no training trajectory is handed out more than
+    submit's results waiting in the common pool never exceed queue_size; no training trajectory is handed out more than
     ``max_head_offpolicyness`` versions behind the version at that instant — under random
     workflow failures, rejections (None, ``{}``, should_accept_fn), cancellations, pauses,
     version bumps, and *every* consumer call (wait, wait_for_task, rollout_batch,
@@ -62,15 +70,21 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
     violations: list[str] = []
     kinds: dict[Any, str] = {}
     source_ids: set[int] = set()  # prepare_batch's tasks: only a later prepare_batch takes them
+    submit_ids: set[int] = set()
 
     def check(ex: Any, where: str) -> None:
         s = ex.statistics()
         if not s.balanced():
             violations.append(f"{where}: {s}")
-        # queue_size bounds the results waiting in the common pool (for wait()); a call's
-        # own results (a rollout_batch's, prepare_batch's leftovers) are the call's (issue 27).
-        if ex._admission.pool_buffered > ex.queue_size:
-            violations.append(f"{where}: pool holds {ex._admission.pool_buffered} > queue_size {ex.queue_size}")
+        # queue_size bounds submit's results waiting in the common pool (for wait()); a call's
+        # own results (a rollout_batch's, prepare_batch's leftovers) are the call's (issue 27),
+        # and an abandoned batch hands its finished ones to the pool beyond it (none is lost).
+        pool = [t for t in ex._store.held.values() if t.owner is ex._store.common]
+        if ex._admission.pool_buffered != len(pool):
+            violations.append(f"{where}: pool counted {ex._admission.pool_buffered}, holds {len(pool)}")
+        from_submit = sum(t.task_id in submit_ids for t in pool)
+        if from_submit > ex.queue_size:
+            violations.append(f"{where}: pool holds {from_submit} results of submit > queue_size {ex.queue_size}")
 
     async def main() -> None:
         engine = ScriptedEngine(delay=1)
@@ -121,7 +135,7 @@ def test_every_task_is_accounted_once_and_no_accepted_trajectory_is_lost_or_deli
             for op, arg in ops:
                 check(ex, op)
                 if op == "submit":
-                    ex.submit(arg, wf, should_accept_fn=reject_filtered, callback=outcomes.append)
+                    submit_ids.add(ex.submit(arg, wf, should_accept_fn=reject_filtered, callback=outcomes.append))
                 elif op == "wait":
                     count, limit = arg
                     with trio.move_on_after(limit):  # cancelled from outside, not its own timeout
