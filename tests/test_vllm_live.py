@@ -276,20 +276,18 @@ async def test_backend_abort_uses_the_server_side_id() -> None:
                 result["r"] = await client.post(base + call.path, json=call.json)
 
             assert (await control.post(base + "/pause", params={"mode": "keep"})).status_code == 200
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run, gen)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, gen)
+                try:
                     with trio.move_on_after(ABORT_WINDOW_S):
-                        while "r" not in result:
+                        while "r" not in result:  # polls the request's state, not the clock
                             assert (await control.post(base + abort.path, json=abort.json)).status_code == 200
                             aborts += 1
                             await trio.sleep(0.1)
                     answered_paused = "r" in result
+                finally:  # resumed before the request is awaited, and left as found whatever happened
                     with trio.CancelScope(shield=True):
                         assert (await control.post(base + "/resume")).status_code == 200
-            finally:
-                with trio.CancelScope(shield=True):  # leave the server as found, whatever happened
-                    await control.post(base + "/resume")
     seg = backend.parse(result["r"].json())
     assert (answered_paused, seg.stop_reason, len(seg.tokens)) == (True, "abort", 0), aborts
 
