@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -117,3 +118,16 @@ def lazy_names(
         return sorted({*namespace, *table})
 
     return __getattr__, __dir__
+
+
+#: Files of which a saved tokenizer has at least one. From a directory with none of them,
+#: transformers 5 builds an *empty* tokenizer out of config.json alone (one token, no chat
+#: template), so a checkpoint saved without its tokenizer is refused by name instead.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def lacks_tokenizer(path: str | os.PathLike[str]) -> str | None:
+    """Why the checkpoint directory ``path`` has no tokenizer to load, or None if it has one."""
+    if any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        return None
+    return f"no tokenizer in it (none of {', '.join(TOKENIZER_FILES)}); save one with tokenizer.save_pretrained"

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ._util import lacks_tokenizer
+
 __all__ = [
     "CHATML_TEMPLATE",
     "SPECIAL_TOKENS",
@@ -251,11 +253,17 @@ def load_model(
 
     Returns:
         ``(model, tokenizer)`` with the model in eval mode.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory, or holds no tokenizer.
+        OSError: transformers cannot load the model or tokenizer from it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"load_model: path {os.fspath(path)!r} is not a checkpoint directory")
+    if (why := lacks_tokenizer(path)) is not None:
+        raise FileNotFoundError(f"load_model: {os.fspath(path)!r}: {why}")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype

@@ -27,6 +27,7 @@ import torch
 from transformers import Qwen2VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
+from ._util import lacks_tokenizer
 from .models import SPECIAL_TOKENS, _bytes_to_unicode
 
 __all__ = [
@@ -337,13 +338,15 @@ def load_vlm_processor(path: str | os.PathLike[str]) -> Any:
         :class:`ImageOnlyProcessor` over the directory's tokenizer and PIL image processor.
 
     Raises:
-        FileNotFoundError: ``path`` is not a directory.
+        FileNotFoundError: ``path`` is not a directory, or holds no tokenizer files.
         OSError: the directory holds no tokenizer or image processor.
     """
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"load_vlm_processor: path {os.fspath(path)!r} is not a directory")
+    if (why := lacks_tokenizer(path)) is not None:
+        raise FileNotFoundError(f"load_vlm_processor: {os.fspath(path)!r}: {why}")
     try:
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
         if not hasattr(processor, "image_processor"):

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from rollout_trio.cli import COMMANDS, main
+from rollout_trio.cli._checkpoint import resolve_device
 from rollout_trio.cli._common import (
     CommandError,
     Parser,
@@ -27,7 +28,6 @@ from rollout_trio.cli._common import (
     interruptible,
     log_level,
     port,
-    resolve_device,
     run_command,
 )
 
@@ -43,6 +43,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--max-head-offpolicyness": (["--max-head-offpolicyness", "-1"], 2, "must be an integer >= 0, got '-1'"),
         "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
         "--device": (["--device", "bogus"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'bogus'"),
+        "--dtype": (["--dtype", "int8"], 2, "--dtype: invalid choice: 'int8'"),
         "--temperature": (["--temperature", "-1"], 2, "--temperature: must be a finite number >= 0"),
         "--max-new-tokens": (["--max-new-tokens", "0"], 2, "--max-new-tokens: must be an integer >= 1"),
         "--reward-normalization": (["--reward-normalization", "--group-size", "1"], 2, "needs --group-size >= 2"),
@@ -64,6 +65,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--port-file": (["--port", "0", "--port-file", "/nonexistent/dir/port"], 1, "/nonexistent/dir/port"),
         "--model": (["--model", "/nonexistent"], 1, "--model /nonexistent: no such checkpoint directory"),
         "--device": (["--device", "cuda:x"], 2, "--device: must be cpu, cuda, cuda:N or mps, got 'cuda:x'"),
+        "--dtype": (["--dtype", "float64"], 2, "--dtype: invalid choice: 'float64'"),
         "--seed": (["--seed", "1.5"], 2, "--seed: must be an integer >= 0, got '1.5'"),
         "--segment-tokens": (["--segment-tokens", "0"], 2, "--segment-tokens: must be an integer >= 1"),
         "--step-delay": (["--step-delay", "nan"], 2, "--step-delay: must be a finite number >= 0, got 'nan'"),
@@ -498,25 +500,25 @@ def test_usage_errors_missing_paths_and_missing_devices_are_reported_before_torc
 
 
 def test_a_device_torch_can_use_passes_the_early_check(monkeypatch):
-    from rollout_trio.cli import _common
+    from rollout_trio.cli import _checkpoint
 
-    _common.check_device(None)
-    _common.check_device("cpu")
-    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_cuda.so", "libc10_cuda.so"])
+    _checkpoint.check_device(None)
+    _checkpoint.check_device("cpu")
+    monkeypatch.setattr(_checkpoint, "_torch_lib_files", lambda: ["libtorch_cuda.so", "libc10_cuda.so"])
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(_common, "_cuda_device_count", lambda: 2)
-    _common.check_device("cuda")
-    _common.check_device("cuda:1")
+    monkeypatch.setattr(_checkpoint, "_cuda_device_count", lambda: 2)
+    _checkpoint.check_device("cuda")
+    _checkpoint.check_device("cuda:1")
     with pytest.raises(CommandError, match=r"^--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1$"):
-        _common.check_device("cuda:2")
-    monkeypatch.setattr(_common, "_cuda_device_count", lambda: 0)
+        _checkpoint.check_device("cuda:2")
+    monkeypatch.setattr(_checkpoint, "_cuda_device_count", lambda: 0)
     with pytest.raises(CommandError, match="^--device cuda: CUDA is not available on this machine$"):
-        _common.check_device("cuda")
-    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_hip.so"])  # ROCm: torch decides later
-    _common.check_device("cuda")
-    monkeypatch.setattr(_common, "_torch_lib_files", lambda: ["libtorch_cpu.so"])
+        _checkpoint.check_device("cuda")
+    monkeypatch.setattr(_checkpoint, "_torch_lib_files", lambda: ["libtorch_hip.so"])  # ROCm: torch decides later
+    _checkpoint.check_device("cuda")
+    monkeypatch.setattr(_checkpoint, "_torch_lib_files", lambda: ["libtorch_cpu.so"])
     with pytest.raises(CommandError, match="this torch is built without CUDA"):
-        _common.check_device("cuda")
+        _checkpoint.check_device("cuda")
 
 
 # ------------------------------------------------------------------ error lines without type prefixes

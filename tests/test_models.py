@@ -132,3 +132,22 @@ def test_save_and_load_model_round_trip(tmp_path) -> None:
 def test_load_model_missing_directory(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="checkpoint directory"):
         load_model(tmp_path / "nope")
+
+
+def test_a_checkpoint_saved_without_its_tokenizer_is_refused_not_loaded_with_an_empty_one(tmp_path) -> None:
+    """transformers 5 builds a one-token tokenizer from config.json alone; load_model names the gap."""
+    from rollout_trio.engines import LocalEngine
+
+    model, _ = tiny_model()
+    model.save_pretrained(tmp_path)
+    for load in (load_model, LocalEngine.from_pretrained):
+        with pytest.raises(FileNotFoundError, match=r"no tokenizer in it \(none of tokenizer\.json, tokenizer_config\.json"):
+            load(tmp_path, device="cpu")
+
+
+def test_a_bfloat16_checkpoint_keeps_its_dtype_unless_one_is_asked_for(tmp_path) -> None:
+    from .checkpoint_helpers import save_qwen2_checkpoint
+
+    path = save_qwen2_checkpoint(tmp_path / "qwen2")
+    assert next(load_model(path)[0].parameters()).dtype == torch.bfloat16
+    assert next(load_model(path, dtype=torch.float32)[0].parameters()).dtype == torch.float32

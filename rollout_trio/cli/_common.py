@@ -11,7 +11,7 @@
   (:func:`starting`). SIGTERM does the same and exits with 143 (128 + SIGTERM); the two
   servers (``serve``, ``fleet``) exit 0 on SIGTERM, their ordinary way to stop.
 - A missing ``--model`` directory and an unavailable ``--device`` are reported before torch
-  is imported (:func:`check_model_dir`, :func:`check_device`), so they answer at once.
+  is imported (``_checkpoint.check_model_dir``, ``_checkpoint.check_device``), so they answer at once.
 - Error lines carry no ``FileNotFoundError:``-style prefix where the message is written for
   users (:func:`describe_exception`).
 - ``--help`` and ``--version`` answer at once: a command's module imports torch and
@@ -56,24 +56,18 @@ __all__ = [
     "InterruptedWhileStarting",
     "Parser",
     "UsageError",
-    "check_device",
     "check_dump_path",
-    "check_model_dir",
     "describe_exception",
-    "device",
     "import_name",
     "import_object",
     "interrupted_status",
     "interruptible",
-    "load_model_and_tokenizer",
-    "load_tokenizer",
     "log_level",
     "non_negative_float",
     "non_negative_int",
     "port",
     "positive_float",
     "positive_int",
-    "resolve_device",
     "run_command",
     "setup_logging",
     "starting",
@@ -195,99 +189,6 @@ def import_object(spec: str) -> Any:
     return obj
 
 
-_DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
-device = _type(
-    "device", lambda s: s if _DEVICE.fullmatch(s) else None, bool, "cpu, cuda, cuda:N or mps"
-)
-
-
-# ---------------------------------------------------------------------------- devices and models
-
-
-def _torch_lib_files() -> list[str] | None:
-    """The names of the installed torch's native libraries, found without importing torch
-    (None when torch is not installed or its layout is unknown)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        return os.listdir(os.path.join(next(iter(spec.submodule_search_locations)), "lib"))
-    except OSError:
-        return None
-
-
-def _cuda_device_count() -> int | str:
-    """How many CUDA devices the NVIDIA driver shows this process (``CUDA_VISIBLE_DEVICES``
-    applies), or why none can be used; asked of ``libcuda`` directly, without torch."""
-    import ctypes
-
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "CUDA is not available on this machine (no NVIDIA driver: libcuda.so.1 not found)"
-    if driver.cuInit(0) != 0:
-        return "CUDA is not available on this machine (the NVIDIA driver found no usable device)"
-    count = ctypes.c_int(0)
-    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return "CUDA is not available on this machine (the NVIDIA driver cannot count its devices)"
-    return count.value
-
-
-def check_device(requested: str | None) -> None:
-    """Refuse a ``--device`` this machine cannot have, before torch is imported (torch takes
-    seconds to import): a :class:`CommandError` worded as :func:`resolve_device`'s.
-
-    Only what is certain is refused: ``cuda`` with a torch built without CUDA, or on Linux
-    without an NVIDIA driver or device; ``mps`` off macOS. Anything else is left to
-    :func:`resolve_device`, once torch is loaded.
-
-    Args:
-        requested: the ``--device`` value (already checked by :data:`device`), or None.
-
-    Raises:
-        CommandError: the device cannot exist on this machine.
-    """
-    if requested is None or requested == "cpu":
-        return
-    if requested == "mps":
-        if sys.platform != "darwin":
-            raise CommandError("--device mps: MPS is not available on this machine")
-        return
-    libs = _torch_lib_files()
-    if libs is None or any("hip" in name for name in libs):  # unknown layout, or ROCm's torch: torch decides
-        return
-    if not any("torch_cuda" in name for name in libs):
-        raise CommandError(f"--device {requested}: CUDA is not available on this machine (this torch is built without CUDA)")
-    if not sys.platform.startswith("linux"):
-        return
-    count = _cuda_device_count()
-    if isinstance(count, str):
-        raise CommandError(f"--device {requested}: {count}")
-    index = int(requested.partition(":")[2] or 0)
-    if count == 0:
-        raise CommandError(f"--device {requested}: CUDA is not available on this machine")
-    if index >= count:
-        raise CommandError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-
-
-#: ``--model tiny-vlm``: the built-in tiny vision-language model (rollout_trio.models_vision).
-TINY_VLM = "tiny-vlm"
-
-
-def check_model_dir(path: str | None, flag: str = "--model") -> None:
-    """Refuse a checkpoint directory that does not exist, before torch is imported.
-
-    Args:
-        path: the ``--model`` value, or None (the built-in tiny model), or ``tiny-vlm``.
-        flag: the option named in the message.
-
-    Raises:
-        CommandError: ``path`` is not a directory.
-    """
-    if path is not None and path != TINY_VLM and not os.path.isdir(path):
-        raise CommandError(f"{flag} {path}: no such checkpoint directory")
-
-
 def check_dump_path(path: str) -> None:
     """Refuse a dump path that does not exist, before the dump reader (and torch) load.
 
@@ -299,68 +200,6 @@ def check_dump_path(path: str) -> None:
     """
     if not os.path.exists(path):
         raise CommandError(f"dump path {path!r} does not exist")
-
-
-def resolve_device(requested: str | None) -> str:
-    """The torch device to use: ``requested`` if this machine has it, else a :class:`CommandError`.
-
-    None picks ``cuda`` when a GPU is present, else ``cpu`` (as ``LocalEngine.from_pretrained``).
-    """
-    import torch
-
-    if requested is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise CommandError(f"--device {requested}: CUDA is not available on this machine")
-        index = int(requested.partition(":")[2] or 0)
-        count = torch.cuda.device_count()
-        if index >= count:
-            raise CommandError(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    elif requested == "mps" and not torch.backends.mps.is_available():
-        raise CommandError("--device mps: MPS is not available on this machine")
-    return requested
-
-
-def load_model_and_tokenizer(path: str | None, requested_device: str | None) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, name)`` for ``--model`` and ``--device``, the same way for every command.
-
-    ``path`` None is the built-in tiny model (a fixed one: ``--seed`` seeds sampling, not weights).
-    """
-    from ..models import load_model, tiny_model
-
-    _quiet_transformers()
-    where = resolve_device(requested_device)
-    if path is None:
-        model, tokenizer = tiny_model(device=where)
-        return model, tokenizer, "tiny"
-    if not os.path.isdir(path):
-        raise CommandError(f"--model {path}: no such checkpoint directory")
-    try:
-        model, tokenizer = load_model(path, device=where)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"--model {path}: cannot load a model and tokenizer from it: {_one_line(str(exc))}") from exc
-    return model, tokenizer, path
-
-
-def load_tokenizer(path: str, flag: str = "--tokenizer") -> Any:
-    """A tokenizer from a local directory, or a :class:`CommandError` naming ``flag``."""
-    if not os.path.isdir(path):
-        raise CommandError(f"{flag} {path}: no such tokenizer directory")
-    from transformers import AutoTokenizer
-
-    _quiet_transformers()
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"{flag} {path}: cannot load a tokenizer from it: {_one_line(str(exc))}") from exc
-
-
-def _quiet_transformers() -> None:
-    """No progress bars from transformers ("Loading weights ...") among a command's own lines."""
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
 
 
 def setup_logging(level: str) -> None:

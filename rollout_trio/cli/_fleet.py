@@ -41,12 +41,11 @@ import attrs
 from .._bounded import aread_response, loads_json
 from .._util import LazyModule
 from . import _fleet_key
+from ._checkpoint import check_device, check_model_dir
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
     Parser,
-    check_device,
-    check_model_dir,
     non_negative_float,
     port,
     positive_float,

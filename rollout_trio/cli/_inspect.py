@@ -12,11 +12,11 @@ import attrs
 
 from .._limits import MAX_DUMP_LINE_BYTES as MAX_LINE_BYTES
 from .._terminal import terminal_safe
+from ._checkpoint import load_tokenizer
 from ._common import (
     CommandError,
     Parser,
     check_dump_path,
-    load_tokenizer,
     positive_int,
     run_command,
     starting,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._util import LazyModule
+from ._checkpoint import load_tokenizer
 from ._common import (
     Parser,
     check_dump_path,
@@ -32,7 +33,6 @@ from ._common import (
     import_object,
     interrupted_status,
     interruptible,
-    load_tokenizer,
     non_negative_int,
     positive_int,
     run_command,

@@ -13,16 +13,21 @@ from contextlib import AsyncExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._util import LazyModule
+from ._checkpoint import (
+    TINY_VLM,
+    add_model_options,
+    check_chat_template,
+    check_device,
+    check_model_dir,
+    load_model_and_tokenizer,
+    load_vision_model,
+)
 from ._common import (
     CommandError,
     Parser,
     UsageError,
-    check_device,
-    check_model_dir,
-    device,
     interrupted_status,
     interruptible,
-    load_model_and_tokenizer,
     non_negative_float,
     non_negative_int,
     port,
@@ -74,12 +79,7 @@ def _parser() -> Parser:
         default=1000,
         help="versions a batch may lag (the run never bumps the version)",
     )
-    p.add_argument(
-        "--model", default=None, help="a local Hugging Face checkpoint directory (default: the built-in tiny model)"
-    )
-    p.add_argument(
-        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
-    )
+    add_model_options(p, "a local Hugging Face checkpoint directory (default: the built-in tiny model)")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="sampling temperature; 0 is greedy")
     p.add_argument("--max-new-tokens", type=positive_int, default=8, help="tokens generated per sample at most")
     p.add_argument(
@@ -145,15 +145,13 @@ def _build_engine(args: argparse.Namespace) -> tuple[LocalEngine, Any]:
     from ..engines import LocalEngine
 
     if args.task == "vision":
-        from ._common import TINY_VLM
-        from ._serve import _load_vision_model
-
-        vision = _load_vision_model(args.model or TINY_VLM, args.device)
+        vision = load_vision_model(args.model or TINY_VLM, args.device, args.dtype)
         if vision is None:
             raise CommandError(f"--model {args.model}: --task vision needs a vision-language checkpoint (config.json with vision_config)")
         model, processor, _ = vision
         return LocalEngine(model, processor.tokenizer, seed=args.seed), processor
-    model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device)
+    model, tokenizer, _ = load_model_and_tokenizer(args.model, args.device, args.dtype)
+    check_chat_template(tokenizer, args.model)  # the arithmetic prompts are chat messages (AReaL's rlvr.py too)
     return LocalEngine(model, tokenizer, seed=args.seed), None
 
 

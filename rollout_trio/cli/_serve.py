@@ -22,16 +22,19 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._util import LazyModule
+from ._checkpoint import (
+    add_model_options,
+    check_device,
+    check_model_dir,
+    describe_model,
+    load_model_and_tokenizer,
+    load_vision_model,
+)
 from ._common import (
     EXIT_INTERRUPTED,
-    TINY_VLM,
     CommandError,
     Parser,
     UsageError,
-    check_device,
-    check_model_dir,
-    device,
-    load_model_and_tokenizer,
     log_level,
     non_negative_float,
     non_negative_int,
@@ -79,14 +82,10 @@ def _parser() -> Parser:
         action="store_true",
         help="bind a non-loopback address without an api key (anyone who can reach it may load weights)",
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="local Hugging Face checkpoint directory, a vision-language one included; tiny-vlm: the built-in "
+    add_model_options(
+        p,
+        "local Hugging Face checkpoint directory, a vision-language one included; tiny-vlm: the built-in "
         "tiny vision model, which takes image_data on /generate (default: the built-in tiny model)",
-    )
-    p.add_argument(
-        "--device", type=device, default=None, help="cpu, cuda, cuda:N or mps (default: cuda if present, else cpu)"
     )
     p.add_argument(
         "--seed", type=non_negative_int, default=None, help="seed for requests without sampling_seed (default: random)"
@@ -133,32 +132,6 @@ def _is_loopback(host: str) -> bool:
 
 
 
-def _load_vision_model(path: str | None, requested_device: str | None) -> tuple[Any, Any, str] | None:
-    """``(model, processor, name)`` when ``--model`` names a vision-language model, else None."""
-    import json
-
-    if path != TINY_VLM:
-        try:
-            with open(os.path.join(path or "", "config.json"), encoding="utf-8") as f:
-                if not isinstance(json.load(f).get("vision_config"), dict):
-                    return None
-        except (OSError, ValueError, AttributeError):
-            return None  # not a vision checkpoint: the text loader reports what is wrong
-    from ..models_vision import load_vlm, tiny_vlm
-    from ._common import resolve_device
-
-    where = resolve_device(requested_device)
-    if path == TINY_VLM:
-        model, processor = tiny_vlm(device=where)
-        return model, processor, TINY_VLM
-    assert path is not None
-    try:
-        model, processor = load_vlm(path, device=where)
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"--model {path}: cannot load a vision model and processor from it: {exc}") from exc
-    return model, processor, path
-
-
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str, Any]:
     from ..engines._local import LocalEngine
 
@@ -167,12 +140,12 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any, str, Any]:
 
         torch.set_num_threads(args.threads)
     processor = None
-    vision = _load_vision_model(args.model, args.device)
+    vision = load_vision_model(args.model, args.device, args.dtype)
     if vision is not None:
         model, processor, name = vision
         tokenizer = processor.tokenizer
     else:
-        model, tokenizer, name = load_model_and_tokenizer(args.model, args.device)
+        model, tokenizer, name = load_model_and_tokenizer(args.model, args.device, args.dtype)
     engine = LocalEngine(model, tokenizer, seed=args.seed, max_batch_size=args.max_batch_size)
     return engine, tokenizer, name, processor
 
@@ -278,7 +251,7 @@ async def _serve_engine(
             await tmp.write_text(f"{bound_port}\n")
             await tmp.replace(args.port_file)
         auth = "api key required" if args.api_key else "no api key"
-        print(f"rollout-trio serve: listening on http://{host}:{bound_port} (model {name}, {auth})", flush=True)
+        print(f"rollout-trio serve: listening on http://{host}:{bound_port} (model {name}, {describe_model(engine.model)}, {auth})", flush=True)
 
 
 async def _watch_loop_lag_until(stop: trio.Event, gauge: Any) -> None:
