@@ -23,7 +23,7 @@ from typing import IO
 import httpx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_WORKER = re.compile(r"^worker (\d+): (http://\S+) \(pid (\d+)\)$")
+_WORKER = re.compile(r"^worker (\d+): (http://\S+) \(pid (\d+), (\S+) on (\S+)\)$")  # dtype, device
 _ROUTER = re.compile(r"^router: (http://\S+) \(pid (\d+), (\d+) workers, metrics (\S+?), (?:api key in \S+|no api key)\)$")
 #: the tiny model loads in seconds, but CI machines are shared: startup gets a wide deadline
 STARTUP_DEADLINE = 100.0

@@ -83,6 +83,7 @@ BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
         "--workers": (["--workers", "0"], 2, "--workers: must be an integer >= 1, got '0'"),
         "--port": (["--port", "-1"], 2, "--port: must be a port number 0-65535"),
         "--policy": (["--policy", "manual"], 2, "--policy: invalid choice: 'manual'"),
+        "--devices": (["--devices", "cuda:0,gpu"], 2, "--devices: must be cpu, cuda, cuda:N or mps, got 'gpu'"),
         "--startup-timeout": (["--startup-timeout", "0"], 2, "--startup-timeout: must be a finite number > 0"),
         "--stop-timeout": (["--stop-timeout", "inf"], 2, "--stop-timeout: must be a finite number > 0"),
         "--health-interval": (["--health-interval", "0.5"], 2, "--health-interval: must be an integer >= 1"),

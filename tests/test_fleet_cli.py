@@ -31,6 +31,9 @@ GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "te
         (["--segment-tokens", "0"], "--segment-tokens: must be an integer >= 1, got '0'"),  # a serve option
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--work", "3"], "unrecognized arguments: --work 3"),  # no prefix matching of --workers
+        (["--devices", "cpu,cpu", "--device", "cpu"], "--devices: give it or --device, not both"),
+        (["--devices", "cuda:0", "--ray", "auto"], "--devices: Ray places the workers on its GPUs"),
+        (["--dtype", "int8"], "--dtype: invalid choice: 'int8'"),  # a serve option
     ],
 )
 def test_a_bad_option_of_the_fleet_or_its_workers_is_one_line_and_exit_2(capsys, argv, says):
@@ -40,9 +43,34 @@ def test_a_bad_option_of_the_fleet_or_its_workers_is_one_line_and_exit_2(capsys,
     assert lines[0].endswith("(see rollout-trio fleet --help)")
 
 
+def test_devices_give_worker_i_the_i_th_device_round_robin_and_every_one_is_checked(monkeypatch, capsys):
+    from rollout_trio.cli import _checkpoint, _fleet
+
+    args = _fleet._parser().parse_args(["--workers", "5", "--devices", "cuda:0,cuda:1,cpu", "--seed", "3"])
+    placed = [w.argv[w.argv.index("--device") + 1] for w in _fleet.Fleet(_without_key(args), args.worker_options).workers]
+    assert placed == ["cuda:0", "cuda:1", "cpu", "cuda:0", "cuda:1"]
+    one = _fleet._parser().parse_args(["--workers", "2", "--device", "cpu"])
+    assert all(w.argv.count("--device") == 1 for w in _fleet.Fleet(_without_key(one), one.worker_options).workers)
+    # every listed device is checked before anything starts: the second one is absent here
+    monkeypatch.setattr(_checkpoint, "_torch_lib_files", lambda: ["libtorch_cuda.so"])
+    monkeypatch.setattr(_checkpoint.sys, "platform", "linux")
+    monkeypatch.setattr(_checkpoint, "_cuda_device_count", lambda: 1)
+    assert main(["fleet", "--devices", "cuda:0,cuda:1"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "rollout-trio fleet: error: --device cuda:1: this machine has 1 CUDA device(s), cuda:0 to cuda:0"
+    )
+
+
+def _without_key(args):
+    args.key = None
+    return args
+
+
 def test_a_worker_that_cannot_start_is_one_line_exit_1_and_nothing_is_left_running(tmp_path):
-    not_a_model = tmp_path / "empty"  # a directory (the fleet checks that), but no checkpoint in it
-    not_a_model.mkdir()
+    from rollout_trio.models import byte_tokenizer
+
+    not_a_model = tmp_path / "tokenizer-only"  # what the fleet checks is there (a directory, a tokenizer), no model
+    byte_tokenizer().save_pretrained(not_a_model)
     process = FleetProcess("--workers", "2", "--model", str(not_a_model))
     try:
         assert process.wait() == 1

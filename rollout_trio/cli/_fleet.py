@@ -41,7 +41,7 @@ import attrs
 from .._bounded import aread_response, loads_json
 from .._util import LazyModule
 from . import _fleet_key
-from ._checkpoint import check_device, check_model_dir
+from ._checkpoint import check_device, check_model_dir, device
 from ._common import (
     EXIT_INTERRUPTED,
     CommandError,
@@ -69,7 +69,7 @@ POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 ROUTER_LOG_LEVELS = ("debug", "info", "warn", "error")
 #: ``serve`` options the fleet sets itself for every worker.
 _OWNED = ("--host", "--port", "--port-file", "--api-key", "--allow-unauthenticated")
-_LISTENING = re.compile(r"listening on (http://\S+)")
+_LISTENING = re.compile(r"listening on (http://\S+)(?: \(model .*?, (\S+ on \S+),)?")
 #: The most a router's answer may hold, raw and decoded (rollout_trio._bounded).
 MAX_ANSWER_BYTES = 16 * 2**20
 
@@ -87,6 +87,10 @@ class _FleetParser(Parser):
         serve = serve_parser()
         serve.prog = self.prog  # its usage errors are this command's: one line, exit 2
         parsed.worker_args = serve.parse_args(rest)
+        if parsed.devices is not None and parsed.worker_args.device is not None:
+            self.error("--devices: give it or --device, not both (--device puts every worker on one device)")
+        if parsed.devices is not None and parsed.ray is not None:
+            self.error("--devices: Ray places the workers on its GPUs (--ray-num-gpus), not --devices")
         if parsed.worker_args.threads is None:  # N workers share the cores, not each all of them
             share = parsed.ray_num_cpus if parsed.ray is not None else (os.cpu_count() or 1) // parsed.workers
             rest = [*rest, "--threads", str(max(1, int(share)))]
@@ -107,6 +111,13 @@ def _parser() -> Parser:
     )
     p.add_argument("--workers", type=positive_int, default=2, help="rollout-trio serve processes to start")
     p.add_argument("--port", type=port, default=30000, help="the router's loopback port; 0 picks a free one")
+    p.add_argument(
+        "--devices",
+        type=_devices,
+        default=None,
+        help="one device per worker, comma-separated (cuda:0,cuda:1): worker i gets the i-th, round robin "
+        "(default: every worker on --device)",
+    )
     p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="sglang-router's routing policy")
     p.add_argument(
         "--startup-timeout",
@@ -161,6 +172,11 @@ def _parser() -> Parser:
     return p
 
 
+def _devices(text: str) -> tuple[str, ...]:
+    """A comma-separated list of devices, each as ``--device`` takes it."""
+    return tuple(device(part.strip()) for part in text.split(","))
+
+
 def _ray_address(text: str) -> str:
     """A Ray address: 'auto', 'ray://HOST:PORT' or HOST:PORT."""
     if text == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5}", text):
@@ -191,6 +207,8 @@ class Child:
     argv: list[str]
     process: trio.Process | None = None
     url: str | None = None
+    #: "bfloat16 on cuda:1", from the worker's own listening line ("" if it did not say)
+    placement: str = ""
     last_error: str = ""
     listening: trio.Event = attrs.field(factory=lambda: trio.Event())  # trio loads when a fleet starts
     exited: trio.Event = attrs.field(factory=lambda: trio.Event())
@@ -261,7 +279,11 @@ class Fleet:
         self.args = args
         self.key: str | None = args.key
         serve = [sys.executable, "-m", "rollout_trio", "serve", *worker_options, "--host", "127.0.0.1", "--port", "0"]
-        self.workers = [Child(f"worker {i}", serve) for i in range(args.workers)]
+        devices = args.devices or ()
+        self.workers = [
+            Child(f"worker {i}", [*serve, *(("--device", devices[i % len(devices)]) if devices else ())])
+            for i in range(args.workers)
+        ]
         self.router: Child | None = None
         self.metrics_url = ""
         self.ready = False
@@ -297,7 +319,7 @@ class Fleet:
         async for line in _lines(child.process.stdout):
             found = _LISTENING.search(line)
             if found and not child.listening.is_set():
-                child.url = found.group(1)
+                child.url, child.placement = found.group(1), found.group(2) or ""
                 child.listening.set()
             elif line.strip():
                 self._relay(child, line)
@@ -351,7 +373,8 @@ class Fleet:
             for worker in self.workers:
                 await worker.listening.wait()
             for i, worker in enumerate(self.workers):
-                print(f"worker {i}: {worker.url} (pid {worker.pid})", flush=True)
+                on = f", {worker.placement}" if worker.placement else ""
+                print(f"worker {i}: {worker.url} (pid {worker.pid}{on})", flush=True)
             router_url = await self._start_router(nursery)
             await self._wait_router_healthy(router_url)
         if startup.cancelled_caught:
@@ -523,7 +546,8 @@ def _choose_key(args: argparse.Namespace) -> None:
 def _main(args: argparse.Namespace) -> int:
     if args.ray is None:  # the workers' checkpoint and device are this machine's: check them before they start
         check_model_dir(args.worker_args.model)
-        check_device(args.worker_args.device)
+        for requested in args.devices or (args.worker_args.device,):
+            check_device(requested)
     _choose_key(args)
     if args.ray is not None:
         if importlib.util.find_spec("ray") is None:
