@@ -47,7 +47,14 @@ import attrs
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
+#: docs/real_model.md is a walk-through whose blocks depend on each other (a server one block
+#: starts, the next uses): tests/test_real_model_guide.py runs it in order instead.
+FOLLOWED_IN_ORDER = {ROOT / "docs" / "real_model.md"}
+DOCUMENTS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p not in FOLLOWED_IN_ORDER),
+    ROOT / "examples" / "README.md",
+]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`]*)$")
 #: what a fence's info string may ask for (each is a fixture of this module)
 FIXTURES = ("fleet", "run_dump", "vision_run_dump")

@@ -20,6 +20,7 @@ def test_run_task_vision_streams_groups_and_dumps_their_rows(tmp_path: Path) -> 
 
 def test_run_task_vision_refuses_a_text_checkpoint_and_areal_compat(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "tokenizer.json").write_text("{}")  # the early check looks for a tokenizer file, not in it
     proc = run_cli("--task", "vision", "--model", str(tmp_path), "--groups", "1")
     assert proc.returncode == 1 and "--task vision needs a vision-language checkpoint" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

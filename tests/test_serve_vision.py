@@ -119,6 +119,9 @@ def test_wire_bodies_sglang_image_data_and_vllm_needs_chat_messages() -> None:
 def test_a_broken_vision_checkpoint_is_one_line_and_exit_1(tmp_path, capsys) -> None:
     from rollout_trio.cli import main
 
+    from rollout_trio.models import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(tmp_path)  # a tokenizer (checked before torch), a config, no weights
     (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl", "vision_config": {}}')
     assert main(["serve", "--model", str(tmp_path), "--port", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
