@@ -47,7 +47,7 @@ LONGEST_FIRST = [
 SLOW_MODULES = {
     *LIVE_VLLM_MODULES, *(f"tests/test_{name}.py" for name in (
         "ray_fleet", "run_command", "hostile_http", "hostile_serve", "server", "areal_compat", "areal_differential",
-        "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "remote_router", "run_vision",
+        "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "run_vision",
         "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
         "executor_engines", "cli", "cli_top_end", "public_api", "doc_blocks", "real_model_guide", "serve_vision", "server_app",
         "hostile_local", "layout", "process_isolation", "vllm_vision_live", "claude_code_cli", "replay_vision", "own_deadline", "skip_reasons",

@@ -3,7 +3,7 @@
 One fleet (`rollout-trio fleet`, two workers, round robin) serves the whole module: a
 generation goes through the router and reaches every worker; a cancelled one stops on its
 worker; a weight update with requests in flight loses none of them and brings every
-worker to the new version; a worker added mid-run is brought to the fleet's version and one
+worker to the new version, and so do two in a row; a worker added mid-run is brought to the fleet's version and one
 killed mid-run loses nothing; two trainer processes share the fleet, one publishing
 weights while the other keeps generating and adopts them.
 """
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -163,6 +164,38 @@ async def test_a_weight_update_with_requests_in_flight_loses_none(running, check
         assert set(r.output_versions) <= {before, before + 1}
     assert any(before + 1 in r.output_versions for r in responses.values())  # updated under them
     assert versions == [str(before + 1)] * 2
+
+
+async def test_two_updates_in_a_row_with_requests_in_flight_lose_nothing(running, checkpoint):
+    """A wave of 4 before each of two updates (from tests/test_remote_router.py, which ran the
+    same stack with a router started by hand): the second wave starts past the first update,
+    and every answer's versions only go up. An update waits until its wave is on a worker or
+    already answered (on a loaded machine it may finish between two looks)."""
+    g = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    results: dict[int, list[Any]] = {1: [], 2: []}
+    with trio.fail_after(DEADLINE * 2):
+        async with RemoteEngine(router=running.router) as engine:
+            start = engine.get_version()
+
+            async def one(wave: int, i: int) -> None:
+                rid = f"twice-{wave}-{i}"
+                results[wave].append(await engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=g, rid=rid)))
+
+            async with trio.open_nursery() as nursery:
+                for k in (1, 2):
+                    for i in range(4):
+                        nursery.start_soon(one, k, i)
+                    while len(results[k]) < 4 and not await in_flight(urls(running), f"twice-{k}-"):
+                        await trio.sleep(0.02)
+                    await engine.update_weights(checkpoint, version=start + k)
+            assert engine.get_version() == start + 2
+        paused = [(await stats(u))["paused"] for u in urls(running)]
+    assert [len(results[1]), len(results[2])] == [4, 4]  # 0 lost
+    assert all(r.output_versions[0] >= start + 1 for r in results[2])  # sent after the first update
+    for r in results[1] + results[2]:
+        versions = list(r.output_versions)
+        assert r.output_len == 24 and versions == sorted(versions) and start <= versions[0] <= versions[-1] <= start + 2
+    assert paused == [None, None]
 
 
 async def test_a_worker_added_and_one_killed_mid_run_lose_nothing(running, checkpoint, caplog):
