@@ -608,3 +608,25 @@ def test_a_bad_flag_imports_neither_trio_nor_httpx_nor_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {command: [2, []] for command in COMMANDS}
+
+
+def test_a_failed_episode_s_line_says_why():
+    """`run` on a workflow that raises: each failed group's one line ends with the cause (a
+    reward function's error, an out-of-memory), where it said only 'workflow failed'. Both
+    slots of a group may fail before one cancels the other: then the line counts them."""
+    code = (
+        "import sys, rollout_trio.workflows as w\n"
+        "def broken_reward(text, data):\n"
+        "    raise RuntimeError('the reward server said 503')\n"
+        "w.arithmetic_reward = broken_reward\n"
+        "from rollout_trio.cli import main\n"
+        "sys.exit(main(['run', '--groups', '2', '--group-size', '2', '--no-progress']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    failed = sorted(line for line in done.stderr.splitlines() if "workflow failed" in line)
+    said = (
+        r"rollout-trio run: error: Task {}: workflow failed; the task is counted as failed: "
+        r"(?:2 failures; the first: )?RuntimeError: the reward server said 503 \(rollout_trio: raised in slot [01] of a group of 2\)"
+    )
+    assert len(failed) == 2 and all(re.fullmatch(said.format(i), line) for i, line in enumerate(failed)), done.stderr

@@ -243,7 +243,8 @@ def _shape(line: str) -> str:
 def _table_rows() -> list[str]:
     """The first cell of each row of the guide's table (the message, with DIR and ... in it)."""
     text = GUIDE.read_text().split("## When something goes wrong", 1)[1]
-    return [m.group(1) for m in re.finditer(r"^\| `([^`]+)`", text, re.M) if not m.group(1).startswith("the command")]
+    cells = [m.group(1) for m in re.finditer(r"^\| (.+?) \|", text, re.M)]
+    return [re.sub(r"^`([^`]+)`$", r"\1", c) for c in cells if c != "the command says" and not c.startswith("---")]
 
 
 def _pattern(row: str) -> str:
@@ -270,6 +271,23 @@ def _broken_weights(tmp: Path) -> list[str]:
     return ["run", "--model", str(path), "--groups", "1", "--group-size", "1"]
 
 
+def _too_large(tmp: Path) -> list[str]:
+    return ["serve", "--model", str(save_qwen2_checkpoint(tmp / "large")), "--port", "0", "--device", "cuda:0"]
+
+
+def _as_on_a_full_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that is there but full: the loader raises torch's own error, as from_pretrained
+    does when the weights do not fit (no device here runs out, so it is patched in)."""
+    import rollout_trio.models
+    from rollout_trio.cli import _checkpoint
+
+    def too_large(*args: Any, **kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.6 GiB total)")
+
+    monkeypatch.setattr(_checkpoint, "resolve_device", lambda requested: requested)
+    monkeypatch.setattr(rollout_trio.models, "load_model", too_large)
+
+
 #: how to make each row happen: (argv, CUDA devices the driver reports)
 SITUATIONS = {
     "--model DIR: no such checkpoint directory": (lambda tmp: ["run", "--model", str(tmp / "missing")], None),
@@ -278,9 +296,17 @@ SITUATIONS = {
     "--model DIR: its tokenizer has no chat template, and the task's prompts are chat messages": (_no_chat_template, None),
     "--device cuda: CUDA is not available on this machine": (lambda tmp: ["run", "--device", "cuda"], 0),
     "--device cuda:2: this machine has 2 CUDA device(s), cuda:0 to cuda:1": (lambda tmp: ["serve", "--device", "cuda:2"], 2),
+    "--model DIR: does not fit on cuda:0: CUDA out of memory. ...": (_too_large, 1),
 }
+#: what a row's situation needs patched in besides the devices
+PATCHED = {"--model DIR: does not fit on cuda:0: CUDA out of memory. ...": _as_on_a_full_gpu}
 #: rows no test here can make happen, and why
-NOT_REPRODUCED = {"torch.OutOfMemoryError": "needs a GPU the model does not fit"}
+NOT_REPRODUCED = {
+    "Task N: workflow failed; the task is counted as failed: OutOfMemoryError: CUDA out of memory. ...": (
+        "needs a GPU whose memory a batch's KV cache exceeds; the line's form is tests/test_cli.py's "
+        "test_a_failed_episode_s_line_says_why"
+    )
+}
 
 
 def test_the_table_lists_what_the_tests_reproduce():
@@ -296,6 +322,8 @@ def test_each_row_of_the_table_is_what_the_command_prints(row, tmp_path, capsys,
         monkeypatch.setattr(_checkpoint, "_torch_lib_files", lambda: ["libtorch_cuda.so"])
         monkeypatch.setattr(_checkpoint.sys, "platform", "linux")
         monkeypatch.setattr(_checkpoint, "_cuda_device_count", lambda: devices)
+    if row in PATCHED:
+        PATCHED[row](monkeypatch)
     argv = make(tmp_path)
     capsys.readouterr()  # what saving the checkpoint printed
     assert main(argv) == 1

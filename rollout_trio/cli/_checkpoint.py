@@ -177,6 +177,14 @@ def resolve_device(requested: str | None) -> str:
     return requested
 
 
+def _out_of_memory() -> type[Exception]:
+    """torch's out-of-memory error (a RuntimeError: caught before :func:`_load_errors`, since
+    the checkpoint is not at fault)."""
+    import torch
+
+    return torch.OutOfMemoryError
+
+
 def _load_errors() -> tuple[type[Exception], ...]:
     """What loading a checkpoint raises when the checkpoint is at fault: a missing file, a
     config transformers does not know, weights of the wrong shape, safetensors cut short."""
@@ -206,6 +214,8 @@ def load_model_and_tokenizer(
         raise CommandError(f"--model {path}: no such checkpoint directory")
     try:
         model, tokenizer = load_model(path, device=where, dtype=torch_dtype(dtype))
+    except _out_of_memory() as exc:
+        raise CommandError(f"--model {path}: does not fit on {where}: {_one_line(str(exc))}") from exc
     except _load_errors() as exc:
         raise CommandError(f"--model {path}: cannot load a model and tokenizer from it: {_one_line(str(exc))}") from exc
     return model, tokenizer, path
@@ -233,6 +243,8 @@ def load_vision_model(path: str | None, requested_device: str | None, dtype: str
     assert path is not None
     try:
         model, processor = load_vlm(path, device=where, dtype=torch_dtype(dtype))
+    except _out_of_memory() as exc:
+        raise CommandError(f"--model {path}: does not fit on {where}: {_one_line(str(exc))}") from exc
     except _load_errors() as exc:
         raise CommandError(f"--model {path}: cannot load a vision model and processor from it: {_one_line(str(exc))}") from exc
     return model, processor, path

@@ -378,7 +378,8 @@ def interrupted_status(interrupt: Interrupt) -> int:
 
 class _WarningLines(logging.Handler):
     """The library's warnings as ``PROG: warning: message``, one line each, while logging is
-    not configured (once it is, the root logger's handlers show them, in their format)."""
+    not configured (once it is, the root logger's handlers show them, in their format); a
+    record with an exception ends with its one-line description (a failed episode's cause)."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(logging.WARNING)
@@ -388,7 +389,10 @@ class _WarningLines(logging.Handler):
         return not logging.getLogger().handlers and bool(super().filter(record))
 
     def emit(self, record: logging.LogRecord) -> None:
-        print(f"{self.prog}: {record.levelname.lower()}: {_one_line(record.getMessage())}", file=sys.stderr, flush=True)
+        line = _one_line(record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:  # the cause, on the same line
+            line = f"{line.rstrip('.')}: {describe_exception(record.exc_info[1])}"
+        print(f"{self.prog}: {record.levelname.lower()}: {line}", file=sys.stderr, flush=True)
 
 
 @contextmanager
