@@ -630,3 +630,8 @@ def test_a_failed_episode_s_line_says_why():
         r"(?:2 failures; the first: )?RuntimeError: the reward server said 503 \(rollout_trio: raised in slot [01] of a group of 2\)"
     )
     assert len(failed) == 2 and all(re.fullmatch(said.format(i), line) for i, line in enumerate(failed)), done.stderr
+    assert "Traceback" not in done.stderr
+    debug = subprocess.run([sys.executable, "-c", code.replace("'--no-progress'", "'--no-progress', '--debug'")],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert debug.returncode == 0, debug.stderr
+    assert debug.stderr.count("Traceback (most recent call last)") >= 2 and "in broken_reward" in debug.stderr, debug.stderr

@@ -4,7 +4,7 @@
   (:class:`Parser`, and the argument types below, which apply the library's own rules).
 - A runtime failure (no GPU for ``--device cuda``, a missing ``--model`` directory, a port
   in use) is one line on stderr and exit status 1; ``--debug`` prints the full traceback
-  first (:func:`run_command`).
+  first (:func:`run_command`), and a failed episode's before its line.
 - Ctrl-C stops new work, aborts what is in flight, lets the command print what finished,
   and exits with 130 (:func:`interruptible`, :func:`run_command`). Ctrl-C while a command
   starts (torch and transformers import, a model loads) is one line and 130 as well
@@ -302,7 +302,7 @@ def run_command(prog: str, parser: Parser, argv: Sequence[str], body: Callable[[
     except KeyboardInterrupt:
         return _interrupted(prog, InterruptedWhileStarting())
     try:
-        with _library_warnings(prog), _sigterm_as_ctrl_c():
+        with _library_warnings(prog, debug=getattr(args, "debug", False)), _sigterm_as_ctrl_c():
             return body(args)
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(str(exc))} (see {prog} --help)", file=sys.stderr)
@@ -379,11 +379,12 @@ def interrupted_status(interrupt: Interrupt) -> int:
 class _WarningLines(logging.Handler):
     """The library's warnings as ``PROG: warning: message``, one line each, while logging is
     not configured (once it is, the root logger's handlers show them, in their format); a
-    record with an exception ends with its one-line description (a failed episode's cause)."""
+    record with an exception ends with its one-line description (a failed episode's cause),
+    after its traceback with ``--debug``."""
 
-    def __init__(self, prog: str) -> None:
+    def __init__(self, prog: str, debug: bool) -> None:
         super().__init__(logging.WARNING)
-        self.prog = prog
+        self.prog, self.debug = prog, debug
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not logging.getLogger().handlers and bool(super().filter(record))
@@ -392,12 +393,14 @@ class _WarningLines(logging.Handler):
         line = _one_line(record.getMessage())
         if record.exc_info and record.exc_info[1] is not None:  # the cause, on the same line
             line = f"{line.rstrip('.')}: {describe_exception(record.exc_info[1])}"
+            if self.debug:  # --debug: the traceback too, before its line (as a failure's)
+                traceback.print_exception(record.exc_info[1])
         print(f"{self.prog}: {record.levelname.lower()}: {line}", file=sys.stderr, flush=True)
 
 
 @contextmanager
-def _library_warnings(prog: str) -> Iterator[None]:
-    handler = _WarningLines(prog)
+def _library_warnings(prog: str, debug: bool) -> Iterator[None]:
+    handler = _WarningLines(prog, debug)
     library = logging.getLogger("rollout_trio")
     library.addHandler(handler)
     try:
