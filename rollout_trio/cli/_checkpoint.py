@@ -14,6 +14,8 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .._util import lacks_tokenizer
@@ -193,6 +195,18 @@ def _load_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, RuntimeError, SafetensorError)
 
 
+@contextmanager
+def _loading(path: str, where: str, what: str) -> Iterator[None]:
+    """A load's failure as one line naming ``--model``: a device too small, or a checkpoint
+    at fault (out-of-memory first: it is a RuntimeError, and the checkpoint is not to blame)."""
+    try:
+        yield
+    except _out_of_memory() as exc:
+        raise CommandError(f"--model {path}: does not fit on {where}: {_one_line(str(exc))}") from exc
+    except _load_errors() as exc:
+        raise CommandError(f"--model {path}: cannot load {what} from it: {_one_line(str(exc))}") from exc
+
+
 def load_model_and_tokenizer(
     path: str | None, requested_device: str | None, dtype: str = "auto"
 ) -> tuple[Any, Any, str]:
@@ -212,12 +226,8 @@ def load_model_and_tokenizer(
         return model, tokenizer, "tiny"
     if not os.path.isdir(path):
         raise CommandError(f"--model {path}: no such checkpoint directory")
-    try:
+    with _loading(path, where, "a model and tokenizer"):
         model, tokenizer = load_model(path, device=where, dtype=torch_dtype(dtype))
-    except _out_of_memory() as exc:
-        raise CommandError(f"--model {path}: does not fit on {where}: {_one_line(str(exc))}") from exc
-    except _load_errors() as exc:
-        raise CommandError(f"--model {path}: cannot load a model and tokenizer from it: {_one_line(str(exc))}") from exc
     return model, tokenizer, path
 
 
@@ -241,12 +251,8 @@ def load_vision_model(path: str | None, requested_device: str | None, dtype: str
         model, processor = tiny_vlm(device=where, dtype=torch_dtype(dtype) or torch.float32)
         return model, processor, TINY_VLM
     assert path is not None
-    try:
+    with _loading(path, where, "a vision model and processor"):
         model, processor = load_vlm(path, device=where, dtype=torch_dtype(dtype))
-    except _out_of_memory() as exc:
-        raise CommandError(f"--model {path}: does not fit on {where}: {_one_line(str(exc))}") from exc
-    except _load_errors() as exc:
-        raise CommandError(f"--model {path}: cannot load a vision model and processor from it: {_one_line(str(exc))}") from exc
     return model, processor, path
 
 
