@@ -9,7 +9,7 @@ import pytest
 import torch
 import trio
 
-from rollout_trio import GroupedRolloutWorkflow, Interaction, interactions_to_trajectory, resolve_workflow
+from rollout_trio import GenerationConfig, GroupedRolloutWorkflow, ModelRequest, Interaction, interactions_to_trajectory, resolve_workflow
 from rollout_trio.agents import AgentProcessError, AgentRolloutWorkflow, AgentSession, assign_rewards
 from rollout_trio.engines import LocalEngine
 from rollout_trio.models import tiny_model
@@ -260,20 +260,25 @@ async def test_cancelling_the_episode_cancels_the_agent_and_aborts_its_generatio
 
 
 async def test_cancelling_an_agent_on_the_real_engine_drops_its_request():
+    """Cancelled after its first decode step, the agent's request leaves the engine: it is no
+    longer live and takes no step while the engine goes on decoding another request."""
     model, tok = tiny_model(forced_token=65)  # never stops by itself
     wf = AgentRolloutWorkflow(ConversationAgent(), default_max_tokens=4096, max_tokens_limit=4096)
     async with LocalEngine(model, tok, seed=0) as engine:
-        async with trio.open_nursery() as n:
-            n.start_soon(wf.arun_episode, engine, QUESTION)
-            while not engine.statistics().live_rids:
-                await trio.sleep(0.01)
-            [rid] = engine.statistics().live_rids
-            n.cancel_scope.cancel()
-        stats = engine.statistics()
-        assert rid not in stats.live_rids and 0 < stats.steps_per_rid.get(rid, 0) < 4096
-        steps = stats.steps_per_rid.get(rid, 0)
-        await trio.sleep(0.05)
-        assert engine.statistics().steps_per_rid.get(rid, 0) == steps
+        with trio.fail_after(120):
+            async with trio.open_nursery() as n:
+                n.start_soon(wf.arun_episode, engine, QUESTION)
+                # Live and past its first step (a loaded machine may register it well before).
+                while not any(engine.statistics().steps_per_rid.get(r, 0) for r in engine.statistics().live_rids):
+                    await trio.sleep(0.01)
+                [rid] = engine.statistics().live_rids
+                n.cancel_scope.cancel()
+            stats = engine.statistics()
+            assert rid not in stats.live_rids and 0 < stats.steps_per_rid.get(rid, 0) < 4096
+            steps = stats.steps_per_rid.get(rid, 0)
+            # The engine decodes 8 more tokens for another request: none of them for ``rid``.
+            await engine.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=GenerationConfig(max_new_tokens=8)))
+            assert engine.statistics().steps_per_rid.get(rid, 0) == steps
 
 
 def test_constructor_errors():
