@@ -20,8 +20,9 @@ checkpoint from a path (``/update_weights_from_disk``), and a path is what SGLan
 vLLM servers take too; ``bench/ray_fleet_bench.py`` measures the object store's put/get of
 a 0.5B-sized state dict beside the directory's save/load for comparison.
 
-Run it on a running cluster (``ray start --head`` first), or alone (Ray starts a local
-one)::
+Run it on a running cluster (``--address``, after ``ray start --head``), or alone (a local
+Ray instance, counted as this machine's cores or what the servers and ranks reserve if that
+is more)::
 
     python examples/ray_grpo.py --servers 2 --ranks 2 --steps 4 --shared-dir /tmp/ray_grpo
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -135,8 +137,22 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from rollout_trio.ray import open_ray_fleet
     from rollout_trio.ray._process import free_port
 
+    needed = args.servers * args.server_cpus + args.ranks * args.rank_cpus
+    if args.address is None:
+        # Ray's CPUs count reservations, not cores: a 2-core machine would otherwise place the
+        # 2 servers and leave the ranks pending forever.
+        cpus = max(os.cpu_count() or 1, math.ceil(needed))
+        await trio.to_thread.run_sync(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False))
+    else:
+        await trio.to_thread.run_sync(lambda: ray.init(address=args.address, include_dashboard=False))
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if total < needed:  # the ranks would never be placed: say so now, not never
+        raise SystemExit(
+            f"ray_grpo: the cluster has {total:g} CPU; {args.servers} servers x {args.server_cpus:g} and "
+            f"{args.ranks} ranks x {args.rank_cpus:g} need {needed:g}"
+        )
     serve = ["--threads", "1", "--seed", str(args.seed)]
-    async with open_ray_fleet(args.servers, server_options=serve, num_cpus=args.server_cpus, address=args.address) as fleet:
+    async with open_ray_fleet(args.servers, server_options=serve, num_cpus=args.server_cpus) as fleet:
         master = f"{ray.util.get_node_ip_address()}:{free_port(ray.util.get_node_ip_address())}"
         remote_rank: Any = ray.remote(TrainerRank)
         ranks = [

@@ -13,7 +13,8 @@ loopback (Ray binds to the host's address otherwise). It starts a Ray cluster of
 4. ``scale(2)`` then ``scale(3)`` then ``scale(2)``, load between each;
 5. leaving the fleet: every server and router process is gone;
 6. ``rollout-trio fleet --ray ADDRESS --workers 2``: its lines, its key file, SIGTERM;
-7. ``examples/ray_grpo.py``: two trainer ranks as Ray actors on a fleet of two servers.
+7. ``examples/ray_grpo.py``: two trainer ranks as Ray actors on a fleet of two servers; and
+   with more ranks than the cluster has CPUs for, its one-line refusal.
 
 It writes what it saw as JSON (the test asserts on it) and exits 0 unless it crashed.
 """
@@ -212,6 +213,11 @@ def main() -> int:
             capture_output=True, text=True, timeout=600,
         )
         out["example"] = {"status": example.returncode, "stdout": example.stdout[-3000:], "stderr": example.stderr[-3000:]}
+        too_many = subprocess.run(  # 9 ranks x 0.5 CPU and 2 servers on the 3 CPUs left
+            [sys.executable, "examples/ray_grpo.py", "--address", cluster.address, "--ranks", "9"],
+            capture_output=True, text=True, timeout=120,
+        )
+        out["example_too_many_ranks"] = {"status": too_many.returncode, "stderr": too_many.stderr[-3000:]}
     finally:
         ray.shutdown()
         cluster.shutdown()

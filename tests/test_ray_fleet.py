@@ -248,3 +248,13 @@ def test_two_trainer_ranks_as_ray_actors_publish_and_adopt_every_version(scenari
         assert r["version"] == 3 and r["steps"] == 3 and len(r["rewards"]) == 3
         assert r["failed"] == 0 and r["rejected"] == 0 and r["accepted"] == 12
     assert scenario["left_running"] == []
+
+
+@pytest.mark.slow
+def test_the_ray_example_refuses_more_ranks_than_the_cluster_can_place(scenario):
+    """Ranks Ray cannot place would wait forever: the example says so at once and exits 1."""
+    refused = scenario["example_too_many_ranks"]
+    assert refused["status"] == 1, refused["stderr"]
+    last = refused["stderr"].strip().splitlines()[-1]
+    # 3 of the 4 one-CPU nodes are left: the scenario removed one.
+    assert last == "ray_grpo: the cluster has 3 CPU; 2 servers x 1 and 9 ranks x 0.5 need 6.5", refused["stderr"]
