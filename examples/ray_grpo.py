@@ -130,6 +130,19 @@ class TrainerRank:
         tokenizer.save_pretrained(path)
 
 
+def _start_ray(address: str | None, needed: float) -> float:
+    """Join the cluster at ``address``, or start a local one with ``needed`` CPUs at least
+    (Ray's CPUs count reservations, not cores: a 2-core machine would otherwise place the 2
+    servers and leave the ranks pending forever). Returns the cluster's CPUs. Blocking."""
+    import ray
+
+    if address is None:
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(needed)), include_dashboard=False)
+    else:
+        ray.init(address=address, include_dashboard=False)
+    return float(ray.cluster_resources().get("CPU", 0.0))
+
+
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Open the fleet, start the ranks, wait for their results."""
     import ray
@@ -138,14 +151,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from rollout_trio.ray._process import free_port
 
     needed = args.servers * args.server_cpus + args.ranks * args.rank_cpus
-    if args.address is None:
-        # Ray's CPUs count reservations, not cores: a 2-core machine would otherwise place the
-        # 2 servers and leave the ranks pending forever.
-        cpus = max(os.cpu_count() or 1, math.ceil(needed))
-        await trio.to_thread.run_sync(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False))
-    else:
-        await trio.to_thread.run_sync(lambda: ray.init(address=args.address, include_dashboard=False))
-    total = ray.cluster_resources().get("CPU", 0.0)
+    total = await trio.to_thread.run_sync(_start_ray, args.address, needed)
     if total < needed:  # the ranks would never be placed: say so now, not never
         raise SystemExit(
             f"ray_grpo: the cluster has {total:g} CPU; {args.servers} servers x {args.server_cpus:g} and "

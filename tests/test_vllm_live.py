@@ -146,14 +146,16 @@ def _ended(before: dict[str, float], now: dict[str, float]) -> float:
     return sum(now.get(k, 0.0) - before.get(k, 0.0) for k in ("stop", "length"))
 
 
-async def _cancel_round(eng: RemoteEngine, polls: httpx.AsyncClient, attempt: int) -> tuple[bool, float]:
+async def _cancel_round(
+    eng: RemoteEngine, polls: httpx.AsyncClient, attempt: int, before: dict[str, float]
+) -> tuple[bool, float]:
     """Start 4 long requests and cancel them once the server holds all four; wait until it is
-    idle. Returns whether the server was seen holding them, and how many of them had already
-    run to their end when the last abort was answered (read on ``polls`` right after it: the
-    server counts a request's end as it answers it, in the process that answers the aborts)."""
+    idle. Returns whether the server was seen holding them, and how many requests had run to
+    their end since ``before`` when the last abort was answered (read on ``polls`` right after
+    it: the server counts a request's end as it answers it, in the process that answers the
+    aborts)."""
     g = GenerationConfig(max_new_tokens=LONGEST, ignore_eos=True)
     seen = False
-    before = await finished_counts(polls)
     async with trio.open_nursery() as nursery:
 
         async def four() -> None:
@@ -190,15 +192,15 @@ async def test_cancelled_requests_are_aborted_on_the_server(caplog: pytest.LogCa
             for attempt in range(ROUNDS):
                 caplog.clear()
                 before = await finished_counts(polls)
-                seen, ended_first = await _cancel_round(eng, polls, attempt)
+                seen, ended_first = await _cancel_round(eng, polls, attempt, before)
                 after = await finished_counts(polls)
                 unanswered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort of ")]
                 if seen and not unanswered and ended_first == 0:
                     break
             else:
                 pytest.skip(
-                    f"in {ROUNDS} rounds the server never answered every abort within abort_grace while it held"
-                    " the 4 requests (a vLLM CPU server starved on a small machine)"
+                    f"in {ROUNDS} rounds the server never answered every abort within abort_grace, before any"
+                    " of the 4 requests it held had ended (a vLLM CPU server starved on a small machine)"
                 )
             resp = await eng.agenerate(
                 ModelRequest(input_ids=PROMPT, gconfig=GenerationConfig(max_new_tokens=2, ignore_eos=True))
