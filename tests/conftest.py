@@ -50,7 +50,7 @@ SLOW_MODULES = {
         "areal_vision", "observe", "fleet_router", "fleet_cli", "fleet_bench", "run_vision",
         "reward_boundary", "sync_executor", "examples", "api_docs", "vision_example", "readme_executor", "main_job",
         "executor_engines", "cli", "cli_top_end", "public_api", "doc_blocks", "real_model_guide", "serve_vision", "server_app",
-        "hostile_local", "layout", "process_isolation", "vllm_vision_live", "claude_code_cli", "replay_vision", "own_deadline", "skip_reasons",
+        "hostile_local", "layout", "process_isolation", "warm_cli", "vllm_vision_live", "claude_code_cli", "replay_vision", "own_deadline", "skip_reasons",
     )),
     "props/test_executor_machine.py", "props/test_group_local_props.py",
 }  # fmt: skip

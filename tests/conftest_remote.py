@@ -17,15 +17,18 @@ import h11
 import httpx
 import trio
 
+from .warm_cli import WarmPopen
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ServeProcess:
-    """`python -m rollout_trio.cli._serve --port 0 ...` as a subprocess."""
+    """`python -m rollout_trio.cli._serve --port 0 ...` as a subprocess (forked from the warm
+    CLI, tests/warm_cli.py)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-        self.proc = subprocess.Popen(
+        self.proc = WarmPopen(
             [sys.executable, "-m", "rollout_trio.cli._serve", "--port", "0", "--threads", "1", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

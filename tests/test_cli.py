@@ -31,6 +31,9 @@ from rollout_trio.cli._common import (
     run_command,
 )
 
+from . import warm_cli
+from .warm_cli import WarmPopen
+
 #: command -> long flag -> (argv that gives it a bad value, exit status, what stderr must say)
 BAD: dict[str, dict[str, tuple[list[str], int, str]]] = {
     "run": {
@@ -375,11 +378,13 @@ def test_a_usage_error_exits_2_from_a_real_process():
 
 async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False, before_interrupt=None, signum=signal.SIGINT):
     """Start ``rollout-trio *argv``; once stderr (or stdout) matches ``progress``, await
-    ``before_interrupt(match)`` if given, then send SIGINT; return (exit status, stdout, stderr)."""
+    ``before_interrupt(match)`` if given, then send SIGINT; return (exit status, stdout, stderr).
+    The process is forked from the warm CLI (tests/warm_cli.py); its pipes are read as Trio streams."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "rollout_trio", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+    proc = WarmPopen([sys.executable, "-m", "rollout_trio", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = trio.lowlevel.FdStream(os.dup(proc.stdout.fileno())), trio.lowlevel.FdStream(os.dup(proc.stderr.fileno()))
+    proc.stdout.close(), proc.stderr.close()
     out, err = bytearray(), bytearray()
 
     async def drain(stream, into):
@@ -389,7 +394,7 @@ async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False,
     try:
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
-                (watched, seen), (other, rest) = ((proc.stderr, err), (proc.stdout, out))[:: -1 if on_stdout else 1]
+                (watched, seen), (other, rest) = ((stderr, err), (stdout, out))[:: -1 if on_stdout else 1]
                 nursery.start_soon(drain, other, rest)
                 while (match := progress.search(seen)) is None:
                     chunk = await watched.receive_some()
@@ -399,11 +404,13 @@ async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False,
                     await before_interrupt(match)
                 proc.send_signal(signum)
                 nursery.start_soon(drain, watched, seen)
-                await proc.wait()
+                await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
     finally:
-        if proc.returncode is None:
+        if proc.poll() is None:
             proc.kill()
-            await proc.wait()
+            proc.wait()
+        await stdout.aclose()
+        await stderr.aclose()
     return proc.returncode, out.decode(), err.decode()
 
 
@@ -622,7 +629,7 @@ def test_a_failed_episode_s_line_says_why():
         "from rollout_trio.cli import main\n"
         "sys.exit(main(['run', '--groups', '2', '--group-size', '2', '--no-progress']))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = warm_cli.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     failed = sorted(line for line in done.stderr.splitlines() if "workflow failed" in line)
     said = (
@@ -631,7 +638,7 @@ def test_a_failed_episode_s_line_says_why():
     )
     assert len(failed) == 2 and all(re.fullmatch(said.format(i), line) for i, line in enumerate(failed)), done.stderr
     assert "Traceback" not in done.stderr
-    debug = subprocess.run([sys.executable, "-c", code.replace("'--no-progress'", "'--no-progress', '--debug'")],
+    debug = warm_cli.run([sys.executable, "-c", code.replace("'--no-progress'", "'--no-progress', '--debug'")],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert debug.returncode == 0, debug.stderr
     assert debug.stderr.count("Traceback (most recent call last)") >= 2 and "in broken_reward" in debug.stderr, debug.stderr

@@ -24,6 +24,7 @@ from rollout_trio import GenerationConfig, ModelRequest
 from rollout_trio.engines import RemoteEngine
 from tests.conftest_remote import ROOT, ServeProcess
 from tests.fleet_helpers import FleetProcess, Lines, fleet
+from tests.warm_cli import WarmPopen
 
 pytestmark = pytest.mark.slow
 
@@ -253,7 +254,8 @@ async def healthy_workers(client: httpx.AsyncClient, router: str) -> list[str]:
 
 
 def trainer(router: str, rank: int, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    """A trainer process (tests/fleet_trainer.py), forked from the warm CLI (tests/warm_cli.py)."""
+    return WarmPopen(
         [sys.executable, "-m", "tests.fleet_trainer", router, str(rank), *args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env=dict(os.environ, OMP_NUM_THREADS="1"),

@@ -12,6 +12,8 @@ from rollout_trio.models import tiny_model
 from rollout_trio.workflow_context import StatsRecorder
 from rollout_trio.workflows import rlvr_workflow
 
+from . import warm_cli
+
 
 @pytest.mark.parametrize(
     ("text", "answer", "reward"),
@@ -63,7 +65,8 @@ async def test_rlvr_group_tokenizes_once_and_scores_each_completion():
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run(
+    """``python -m rollout_trio ARGS``, forked from the warm CLI (tests/warm_cli.py)."""
+    return warm_cli.run(
         [sys.executable, "-m", "rollout_trio", *args], capture_output=True, text=True, timeout=timeout
     )
 

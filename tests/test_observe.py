@@ -32,7 +32,9 @@ from rollout_trio.observe import (
 )
 from rollout_trio.testing import ScriptedEngine
 
+from . import warm_cli
 from .process_helpers import reaped
+from .warm_cli import WarmPopen
 from .test_executor import GC, gen_workflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,7 +248,7 @@ def test_run_serves_metrics_while_it_runs_and_top_shows_them(tmp_path: Path) -> 
     """`run --metrics-port 0 --trace`: scrape mid-run, `top --once` on it and on its dump, then Ctrl-C."""
     trace = tmp_path / "trace.json"
     dump = tmp_path / "dump"
-    with reaped(subprocess.Popen(
+    with reaped(WarmPopen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2",
          "--metrics-port", "0", "--trace", str(trace), "--dump", str(dump)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
@@ -323,7 +325,7 @@ def test_live_page_renders_a_running_run_in_headless_chromium(tmp_path: Path) ->
     assert CHROMIUM is not None
     browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000",
                f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
-    with reaped(subprocess.Popen(
+    with reaped(WarmPopen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT,
     )) as proc:  # fmt: skip
@@ -371,7 +373,7 @@ def test_run_traces_each_phase_and_exports_its_seconds(tmp_path: Path) -> None:
     import sys
 
     trace = tmp_path / "trace.json"
-    done = subprocess.run(
+    done = warm_cli.run(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "2", "--group-size", "2", "--max-new-tokens", "2",
          "--trace", str(trace), "--no-progress"],
         capture_output=True, text=True, timeout=600,

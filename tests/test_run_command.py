@@ -13,21 +13,23 @@ import pytest
 
 from rollout_trio.executor import read_dump
 
+from . import warm_cli
 from .process_helpers import reaped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m rollout_trio run ARGS``, forked from the warm CLI (tests/warm_cli.py)."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.run(
+    return warm_cli.run(
         [sys.executable, "-m", "rollout_trio", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
 def test_ctrl_c_prints_what_finished_and_exits_130() -> None:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with reaped(subprocess.Popen(
+    with reaped(warm_cli.WarmPopen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--concurrency", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )) as proc:  # fmt: skip
@@ -49,7 +51,7 @@ def test_sigterm_keeps_the_buffered_summary_and_exits_143() -> None:
     action would lose the summary (issue 32 item 5). It stops as on Ctrl-C instead."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     env.pop("PYTHONUNBUFFERED", None)
-    with reaped(subprocess.Popen(
+    with reaped(warm_cli.WarmPopen(
         [sys.executable, "-m", "rollout_trio", "run", "--groups", "100000", "--group-size", "2", "--concurrency", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )) as proc:  # fmt: skip

@@ -20,6 +20,8 @@ from rollout_trio import ExecutorFailed, GenerationConfig, ModelRequest, SyncRol
 from rollout_trio import workflow_context
 from rollout_trio.testing import ScriptedEngine
 
+from .warm_cli import WarmPopen
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -249,7 +251,7 @@ def test_ctrl_c_stops_the_sync_trainer_example_with_status_130() -> None:
     (the interrupted call cancelled, the executor closed), instead of a traceback."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, os.path.join(ROOT, "examples", "sync_trainer.py"), "--steps", "1000", "--groups-per-batch", "1", "--group-size", "2"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
+    with WarmPopen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as proc:
         try:
             assert proc.stdout is not None
             first = proc.stdout.readline()
