@@ -5,7 +5,7 @@ tiny model saved from a config; skipped when neither is there.
 The server should run with ``--enable-scale-out`` (token-in/token-out endpoint and aborts),
 ``--logprobs-mode processed_logprobs`` and ``VLLM_SERVER_DEV_MODE=1`` (pause / resume /
 weight versions / ``/collective_rpc``); see docs/remote.md. Token ids 1..3 must be in its
-vocabulary, and its ``--max-model-len`` at least 512. The tests that reload checkpoints,
+vocabulary, and its ``--max-model-len`` at least 16,004 (the abort tests' requests). The tests that reload checkpoints,
 and kill and restart the server, need the server started here.
 """
 
@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from rollout_trio import GenerationConfig, ModelRequest
-from rollout_trio.engines import RemoteEngine
+from rollout_trio.engines import ConnectionLimits, RemoteEngine, TrioTransport
 
 from .vllm_server import SKIP_REASON, VLLMServer
 from .vllm_server import available as vllm_available
@@ -49,19 +49,44 @@ def checkpoints(vllm_checkpoints: tuple[Path, Path]) -> tuple[Path, Path]:
 
 
 PROMPT = [1, 2, 3]
-# Long enough that a request is still running when the test acts on it (about 2 s here).
-LONG = 480
+# Long enough that a request is still running when the test acts on it (about 2 s on an
+# AMD EPYC core, under 1 s on a Xeon with AMX).
+LONG = 2000
 # For the abort tests: long enough (seconds unaborted) that an abort lands first even on a
 # loaded machine, and that vLLM's request gauges (refreshed every VLLM_LOG_STATS_INTERVAL,
 # 0.5 s on the server started here) show the server holding the requests before the test
 # cancels them.
-LONGEST = 2000  # within --max-model-len 2048 with the 3-token prompt
+LONGEST = 16000  # within the test server's --max-model-len (tests/vllm_server.py, MAX_MODEL_LEN)
 
 
 def engine(**kw) -> RemoteEngine:  # type: ignore[no-untyped-def]
     kw.setdefault("setup_timeout", 60)
     kw.setdefault("vllm_reload_path", None)  # stock vLLM has no reload-from-disk endpoint
     return RemoteEngine(URL, "vllm", seed=0, **kw)
+
+
+def keeping_engine(**kw) -> RemoteEngine:  # type: ignore[no-untyped-def]
+    """An engine whose idle connections stay in its pool for 50 s (the test server keeps them 60 s)."""
+    return engine(transport=TrioTransport(limits=ConnectionLimits(keepalive_expiry=50)), **kw)
+
+
+async def open_spare_connections(eng: RemoteEngine, n: int, polls: httpx.AsyncClient | None = None) -> dict[str, float]:
+    """Leave ``n`` idle connections to the server in ``eng``'s pool: ``n`` one-token requests at
+    once. A starved vLLM CPU server often accepts a *new* connection only once the batch it
+    decodes ends, and answers on one it accepted before within milliseconds (measured; see
+    ROUNDS): the engine's aborts and updates then go over these. With ``polls``, returns the
+    finished counters once they count the ``n`` (the server may answer a request before it
+    counts it; the caller's deadline bounds the wait)."""
+    first = await finished_counts(polls) if polls is not None else {}
+    g = GenerationConfig(max_new_tokens=1, ignore_eos=True)
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(eng.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g))
+    if polls is None:
+        return {}
+    while _ended(first, now := await finished_counts(polls)) < n:
+        await trio.sleep(0.05)
+    return now
 
 
 async def test_generate_tito_and_completions_agree_greedy() -> None:
@@ -186,12 +211,12 @@ async def test_cancelled_requests_are_aborted_on_the_server(caplog: pytest.LogCa
     requests had ended by then (a starved server may take a new connection only once its batch
     is done): then none of them may run to its end afterwards."""
     with trio.fail_after(60 * ROUNDS):
-        async with engine(abort_grace=5) as eng, httpx.AsyncClient(
+        async with keeping_engine(abort_grace=5) as eng, httpx.AsyncClient(
             timeout=60, limits=httpx.Limits(keepalive_expiry=3)  # dropped before uvicorn's 5 s
         ) as polls:
             for attempt in range(ROUNDS):
                 caplog.clear()
-                before = await finished_counts(polls)
+                before = await open_spare_connections(eng, 8, polls)  # 4 for the requests, 4 for their aborts
                 seen, ended_first = await _cancel_round(eng, polls, attempt, before)
                 after = await finished_counts(polls)
                 unanswered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort of ")]
@@ -221,7 +246,8 @@ async def test_pause_relabel_resume_versions_come_from_the_server() -> None:
         pytest.skip("the vLLM server is not in dev mode (VLLM_SERVER_DEV_MODE=1): no /pause, /resume")
     g = GenerationConfig(max_new_tokens=LONG, ignore_eos=True)
     with trio.fail_after(240):
-        async with engine() as eng:
+        async with keeping_engine() as eng:
+            await open_spare_connections(eng, 2)  # one for the request, one for the update's calls
             result = []
 
             async def gen() -> None:

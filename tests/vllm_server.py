@@ -33,6 +33,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: The text server's context: 4 requests of 16,000 tokens take seconds even on a fast CPU, so
+#: the abort tests see the server hold them (its gauges refresh every 0.5 s) before they end.
+MAX_MODEL_LEN = 16384
+
+
 def save_tiny_checkpoint(path: Path, *, perturb_seed: int | None = None) -> Path:
     """The tiny Llama saved as a checkpoint; ``perturb_seed`` gives other weights (same shapes)."""
     import torch
@@ -40,6 +45,9 @@ def save_tiny_checkpoint(path: Path, *, perturb_seed: int | None = None) -> Path
     from rollout_trio.models import tiny_model
 
     model, tokenizer = tiny_model()
+    # Room for the abort tests' long requests (tests/test_vllm_live.py, LONGEST); the default
+    # RoPE does not depend on it, so answers within 2,048 positions are the local model's.
+    model.config.max_position_embeddings = MAX_MODEL_LEN
     if perturb_seed is not None:
         gen = torch.Generator().manual_seed(perturb_seed)
         with torch.no_grad():
@@ -54,10 +62,12 @@ class VLLMServer:
     """One ``vllm`` OpenAI server process (token-in/out routes, dev-mode control routes)."""
 
     def __init__(
-        self, model: Path, log: Path, port: int | None = None, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+        self, model: Path, log: Path, port: int | None = None, *, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+        max_model_len: int = MAX_MODEL_LEN,
     ) -> None:
         self.model, self.log = model, log
         self.extra_env, self.extra_args = dict(env or {}), tuple(args)
+        self.max_model_len = max_model_len
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -66,12 +76,14 @@ class VLLMServer:
         """Start the server and wait until ``/health`` answers 200 (or raise, with its log's end)."""
         # VLLM_LOG_STATS_INTERVAL: its /metrics gauges (requests running, waiting) are refreshed
         # when it logs its stats, every 10 s by default: the abort test waits on them.
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE: idle connections stay open 60 s (uvicorn's default, 5 s),
+        # so the ones a live test opens before it acts are still there when it acts.
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                   VLLM_LOG_STATS_INTERVAL="0.5", **self.extra_env)
+                   VLLM_LOG_STATS_INTERVAL="0.5", VLLM_HTTP_TIMEOUT_KEEP_ALIVE="60", **self.extra_env)
         argv = [
             str(vllm_env.python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--host", "127.0.0.1", "--port", str(self.port), "--enable-scale-out",
-            "--logprobs-mode", "processed_logprobs", "--max-model-len", "2048", "--dtype", "float32",
+            "--logprobs-mode", "processed_logprobs", "--max-model-len", str(self.max_model_len), "--dtype", "float32",
             # On CPU this is the share of the machine's memory vLLM reserves (0.92 by default): a
             # tiny model needs little, and other processes on a test machine need the rest.
             "--gpu-memory-utilization", "0.15", *self.extra_args,
@@ -180,6 +192,7 @@ def vllm_vision_url(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pyte
         # --enforce-eager: no graph compile at start (the module took 66 / 78 s with it, 47 / 43 s
         # without); these tests check answers against the local model, not decoding speed.
         env=vllm_vision.env(), args=("--limit-mm-per-prompt", '{"image": 2, "video": 0}', "--enforce-eager"),
+        max_model_len=2048,  # the tiny VLM's own context
     )  # fmt: skip
     with own_deadline(pytestconfig):  # START_DEADLINE_S
         srv.start()
