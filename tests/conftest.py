@@ -1,4 +1,5 @@
 import importlib.util
+import logging
 import signal
 
 import pytest
@@ -16,6 +17,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # A skip's reason survives pytest-trio (tests/skip_reasons.py).
 from .skip_reasons import pytest_pyfunc_call  # noqa: F401
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found():  # type: ignore[no-untyped-def]
+    """A test that configures logging in process (``main(["serve", ...])`` runs
+    ``logging.basicConfig(force=True)`` on the test's captured stderr) leaves the root logger
+    as it found it. A handler left on a capture that has since closed turned every later
+    record of that worker into a printed "Logging error" traceback: 184 of them, one per
+    refused connection, held the event loop long enough that test_hostile_observers' 503s
+    missed their 1 s send deadline. pytest's own capture handlers come and go by themselves."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
 
 # One real vLLM server per test session for the live modules (started only when one asks).
 from .vllm_server import vllm_checkpoints, vllm_server, vllm_url, vllm_vision_url  # noqa: F401
