@@ -408,7 +408,7 @@ async def _interrupt_once(argv, progress: re.Pattern[bytes], *, on_stdout=False,
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            await trio.to_thread.run_sync(proc.wait)
         await stdout.aclose()
         await stderr.aclose()
     return proc.returncode, out.decode(), err.decode()

@@ -70,20 +70,20 @@ def keeping_engine(**kw) -> RemoteEngine:  # type: ignore[no-untyped-def]
     return engine(transport=TrioTransport(limits=ConnectionLimits(keepalive_expiry=50)), **kw)
 
 
-async def open_spare_connections(eng: RemoteEngine, n: int, polls: httpx.AsyncClient | None = None) -> dict[str, float]:
+async def open_spare_connections(eng: RemoteEngine, n: int) -> None:
     """Leave ``n`` idle connections to the server in ``eng``'s pool: ``n`` one-token requests at
     once. A starved vLLM CPU server often accepts a *new* connection only once the batch it
     decodes ends, and answers on one it accepted before within milliseconds (measured; see
-    ROUNDS): the engine's aborts and updates then go over these. With ``polls``, returns the
-    finished counters once they count the ``n`` (the server may answer a request before it
-    counts it; the caller's deadline bounds the wait)."""
-    first = await finished_counts(polls) if polls is not None else {}
+    ROUNDS): the engine's aborts and updates then go over these."""
     g = GenerationConfig(max_new_tokens=1, ignore_eos=True)
     async with trio.open_nursery() as nursery:
         for _ in range(n):
             nursery.start_soon(eng.agenerate, ModelRequest(input_ids=PROMPT, gconfig=g))
-    if polls is None:
-        return {}
+
+
+async def counted(polls: httpx.AsyncClient, first: dict[str, float], n: int) -> dict[str, float]:
+    """The finished counters once they count ``n`` more ended requests than ``first`` (the server
+    may answer a request before it counts it; the caller's deadline bounds the wait)."""
     while _ended(first, now := await finished_counts(polls)) < n:
         await trio.sleep(0.05)
     return now
@@ -216,7 +216,9 @@ async def test_cancelled_requests_are_aborted_on_the_server(caplog: pytest.LogCa
         ) as polls:
             for attempt in range(ROUNDS):
                 caplog.clear()
-                before = await open_spare_connections(eng, 8, polls)  # 4 for the requests, 4 for their aborts
+                first = await finished_counts(polls)
+                await open_spare_connections(eng, 8)  # 4 for the requests, 4 for their aborts
+                before = await counted(polls, first, 8)  # the 8 ran to their length
                 seen, ended_first = await _cancel_round(eng, polls, attempt, before)
                 after = await finished_counts(polls)
                 unanswered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort of ")]
